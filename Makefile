@@ -1,0 +1,74 @@
+# sluice: `make demo` and `make test` set up everything they need on a fresh
+# Debian 12 machine (run as root) and are safe to run again.
+
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+TOOLS := .tools/bin
+KVER := $(shell uname -r)
+
+DEB_PACKAGES := containerd runc containernetworking-plugins busybox-static \
+	python3-venv python3-bpfcc bpfcc-tools clang linux-headers-amd64 \
+	iperf3 iputils-ping iproute2 nftables iptables procps
+
+.PHONY: test demo setup deps headers venv tools lint bench clean
+
+test: setup
+	$(PY) -m ruff check cni ipam tests bench
+	PATH="$(CURDIR)/$(TOOLS):$$PATH" $(PY) -m pytest $(PYTEST_ARGS)
+
+demo: setup
+	PATH="$(CURDIR)/$(TOOLS):$$PATH" $(PY) conf/demo.py
+
+bench: setup
+	$(PY) bench/add_del.py
+
+lint: venv
+	$(PY) -m ruff check cni ipam tests bench
+	$(PY) -m ruff format --check cni ipam tests bench
+
+setup: deps headers venv tools
+
+# Debian packages, installed only when one is missing.
+deps:
+	@missing=$$(for p in $(DEB_PACKAGES); do \
+		dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "installing:" $$missing; \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
+	fi
+
+# bcc compiles against the running kernel's headers. When the kernel has no
+# module tree (as in many VMs), point it at Debian's header packages:
+# `build` is the arch tree, `source` the matching -common tree (kconfig.h).
+headers: deps
+	@if [ ! -e /lib/modules/$(KVER)/build ]; then \
+		hdr=$$(ls -d /usr/src/linux-headers-*-amd64 | sort -V | tail -n1); \
+		common=$${hdr%-amd64}-common; \
+		mkdir -p /lib/modules/$(KVER); \
+		ln -sfn $$hdr /lib/modules/$(KVER)/build; \
+		ln -sfn $$common /lib/modules/$(KVER)/source; \
+		echo "kernel headers: $$hdr"; \
+	fi
+
+# The venv uses Debian's python3 so that it also sees Debian's bcc module.
+venv: $(VENV)/.installed
+$(VENV)/.installed: pyproject.toml
+	@[ -x $(PY) ] || /usr/bin/python3 -m venv --system-site-packages $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+# Real CNI clients for the tests, from the Go module proxy when it answers.
+tools: $(TOOLS)/cnitool $(TOOLS)/crictl
+$(TOOLS)/cnitool:
+	@mkdir -p $(TOOLS)
+	-command -v go >/dev/null && GOBIN=$(CURDIR)/$(TOOLS) GOFLAGS=-mod=mod \
+		go install github.com/containernetworking/cni/cnitool@v1.3.1
+$(TOOLS)/crictl:
+	@mkdir -p $(TOOLS)
+	-command -v go >/dev/null && GOBIN=$(CURDIR)/$(TOOLS) GOFLAGS=-mod=mod \
+		go install sigs.k8s.io/cri-tools/cmd/crictl@v1.37.0
+
+clean:
+	rm -rf $(VENV) .tools .pytest_cache .ruff_cache *.egg-info

@@ -1,0 +1,21 @@
+"""sluicectl: the operator's command line."""
+
+from __future__ import annotations
+
+import click
+
+from cni.cli.install import install
+from cni.cli.status import status
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def cli() -> None:
+    """Operate sluice, a Kubernetes CNI plugin, on this node."""
+
+
+cli.add_command(install)
+cli.add_command(status)
+
+
+def main() -> None:
+    cli()

@@ -1,0 +1,48 @@
+"""Entry point of ``sluice-ipam``: sluice's IPAM as a CNI IPAM plugin.
+
+Main plugins such as ptp or bridge exec it like host-local: ADD answers with
+addresses and routes (no interfaces), DEL releases, CHECK verifies the
+reservation, STATUS says whether an address is left, GC releases what is not
+in ``cni.dev/valid-attachments``. The store is the one sluice itself uses.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from cni.main import run_plugin
+
+VERB_MODULES = {verb: "cni.ipam_plugin" for verb in ("ADD", "DEL", "CHECK", "STATUS", "GC")}
+
+
+def main() -> int:
+    return run_plugin(VERB_MODULES, os.environ)
+
+
+def run(request: Any) -> dict[str, Any] | None:
+    """Serve one verb (the module is its own verb table)."""
+    from cni import log
+    from cni.ipam_client import BuiltinIPAM
+    from cni.protocol import prev_result, valid_attachments
+
+    ipam = BuiltinIPAM(request)
+    log.setup(None)
+    if request.command == "ADD":
+        result, _ = ipam.add()
+        return result.to_json(request.cni_version)
+    if request.command == "DEL":
+        ipam.delete()
+    elif request.command == "CHECK":
+        prev = prev_result(request)
+        ipam.check(prev.ips if prev else [])
+    elif request.command == "STATUS":
+        ipam.status()
+    elif request.command == "GC":
+        ipam.gc(valid_attachments(request.config))
+    return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

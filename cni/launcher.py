@@ -1,0 +1,49 @@
+"""The launcher ``sluicectl install`` writes into the CNI bin directory.
+
+The runtime execs the plugin once per call, so start-up time counts. The
+launcher runs the interpreter with ``-I -S`` (no site processing, no user or
+environment paths) and puts only sluice's code and its dependencies on
+sys.path; the entry module then imports nothing beyond the standard library
+until a verb needs it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import sysconfig
+
+TEMPLATE = """#!{python} -IS
+# sluice CNI plugin launcher, written by `sluicectl install`.
+import sys
+sys.path[:0] = {paths!r}
+from {module} import main
+sys.exit(main())
+"""
+
+ENTRY_POINTS = {"sluice": "cni.main", "sluice-ipam": "cni.ipam_plugin"}
+
+
+def import_paths() -> list[str]:
+    """Where sluice's packages and its dependencies (the environment's) live."""
+    spec = importlib.util.find_spec("cni")
+    assert spec is not None and spec.origin is not None
+    project = os.path.dirname(os.path.dirname(spec.origin))
+    return list(dict.fromkeys([project, sysconfig.get_paths()["purelib"]]))
+
+
+def render(executable: str) -> str:
+    return TEMPLATE.format(python=sys.executable, paths=import_paths(),
+                           module=ENTRY_POINTS[executable])
+
+
+def write(bin_dir: str, executable: str) -> str:
+    """Write atomically, so a runtime never execs a half-written launcher."""
+    path = os.path.join(bin_dir, executable)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(render(executable))
+    os.chmod(tmp, 0o755)
+    os.replace(tmp, path)
+    return path

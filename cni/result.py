@@ -1,0 +1,321 @@
+"""The CNI ADD result, read from and written to every supported spec version.
+
+Internally a result always has the 1.1.0 shape. ``Result.from_json`` up-converts
+a result of any version (a ``prevResult`` or a delegated IPAM answer) and
+``Result.to_json`` renders it in the version the caller asked for.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from typing import Any
+
+from cni.errors import ERR_DECODE, CNIError
+from cni.versions import at_least, require_supported
+
+
+@dataclass
+class Interface:
+    name: str
+    mac: str = ""
+    mtu: int = 0
+    sandbox: str = ""
+    socket_path: str = ""
+    pci_id: str = ""
+
+
+@dataclass
+class IPConfig:
+    address: str  # CIDR form, e.g. "10.244.1.5/24"
+    gateway: str = ""
+    interface: int | None = None
+
+    @property
+    def ip(self) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+        return ipaddress.ip_interface(self.address).ip
+
+    @property
+    def version(self) -> int:
+        return self.ip.version
+
+
+@dataclass
+class Route:
+    dst: str
+    gw: str = ""
+    mtu: int = 0
+    advmss: int = 0
+    priority: int = 0
+    table: int | None = None
+    scope: int | None = None
+
+
+@dataclass
+class DNS:
+    nameservers: list[str] = field(default_factory=list)
+    domain: str = ""
+    search: list[str] = field(default_factory=list)
+    options: list[str] = field(default_factory=list)
+
+    def is_empty(self) -> bool:
+        return not (self.nameservers or self.domain or self.search or self.options)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.nameservers:
+            out["nameservers"] = list(self.nameservers)
+        if self.domain:
+            out["domain"] = self.domain
+        if self.search:
+            out["search"] = list(self.search)
+        if self.options:
+            out["options"] = list(self.options)
+        return out
+
+    @classmethod
+    def from_json(cls, data: Any, where: str) -> DNS:
+        if data is None:
+            return cls()
+        _expect(isinstance(data, dict), f"{where}.dns must be an object")
+        return cls(
+            nameservers=_str_list(data.get("nameservers"), f"{where}.dns.nameservers"),
+            domain=_str(data.get("domain"), f"{where}.dns.domain"),
+            search=_str_list(data.get("search"), f"{where}.dns.search"),
+            options=_str_list(data.get("options"), f"{where}.dns.options"),
+        )
+
+
+@dataclass
+class Result:
+    cni_version: str
+    interfaces: list[Interface] = field(default_factory=list)
+    ips: list[IPConfig] = field(default_factory=list)
+    routes: list[Route] = field(default_factory=list)
+    dns: DNS = field(default_factory=DNS)
+
+    # -- reading -------------------------------------------------------------
+
+    @classmethod
+    def from_json(cls, data: Any, default_version: str, where: str = "result") -> Result:
+        """Parse a result of any supported version (missing cniVersion: the config's)."""
+        _expect(isinstance(data, dict), f"{where} must be a JSON object")
+        version = data.get("cniVersion") or default_version
+        _expect(isinstance(version, str), f"{where}.cniVersion must be a string")
+        try:
+            require_supported(version)
+        except CNIError as err:
+            raise CNIError(ERR_DECODE, f"{where}: {err.details}") from None
+        if at_least(version, "0.3.0"):
+            result = cls._from_current(data, version, where)
+        else:
+            result = cls._from_legacy(data, version, where)
+        return result
+
+    @classmethod
+    def _from_current(cls, data: dict[str, Any], version: str, where: str) -> Result:
+        interfaces = []
+        for i, raw in enumerate(_list(data.get("interfaces"), f"{where}.interfaces")):
+            w = f"{where}.interfaces[{i}]"
+            _expect(isinstance(raw, dict), f"{w} must be an object")
+            interfaces.append(
+                Interface(
+                    name=_str(raw.get("name"), f"{w}.name"),
+                    mac=_str(raw.get("mac"), f"{w}.mac"),
+                    mtu=_uint(raw.get("mtu"), f"{w}.mtu") or 0,
+                    sandbox=_str(raw.get("sandbox"), f"{w}.sandbox"),
+                    socket_path=_str(raw.get("socketPath"), f"{w}.socketPath"),
+                    pci_id=_str(raw.get("pciID"), f"{w}.pciID"),
+                )
+            )
+        ips = []
+        for i, raw in enumerate(_list(data.get("ips"), f"{where}.ips")):
+            w = f"{where}.ips[{i}]"
+            _expect(isinstance(raw, dict), f"{w} must be an object")
+            ips.append(
+                IPConfig(
+                    address=_cidr(raw.get("address"), f"{w}.address"),
+                    gateway=_ip(raw.get("gateway"), f"{w}.gateway"),
+                    interface=_uint(raw.get("interface"), f"{w}.interface"),
+                )
+            )
+        routes = [
+            _route(raw, f"{where}.routes[{i}]")
+            for i, raw in enumerate(_list(data.get("routes"), f"{where}.routes"))
+        ]
+        return cls(version, interfaces, ips, routes, DNS.from_json(data.get("dns"), where))
+
+    @classmethod
+    def _from_legacy(cls, data: dict[str, Any], version: str, where: str) -> Result:
+        ips: list[IPConfig] = []
+        routes: list[Route] = []
+        for key in ("ip4", "ip6"):
+            block = data.get(key)
+            if block is None:
+                continue
+            w = f"{where}.{key}"
+            _expect(isinstance(block, dict), f"{w} must be an object")
+            ips.append(
+                IPConfig(
+                    address=_cidr(block.get("ip"), f"{w}.ip"),
+                    gateway=_ip(block.get("gateway"), f"{w}.gateway"),
+                )
+            )
+            routes += [
+                _route(raw, f"{w}.routes[{i}]")
+                for i, raw in enumerate(_list(block.get("routes"), f"{w}.routes"))
+            ]
+        return cls(version, [], ips, routes, DNS.from_json(data.get("dns"), where))
+
+    # -- writing -------------------------------------------------------------
+
+    def to_json(self, version: str) -> dict[str, Any]:
+        """Render in ``version``'s format, dropping what that version cannot say."""
+        if not at_least(version, "0.3.0"):
+            return self._to_legacy(version)
+        full = at_least(version, "1.1.0")
+        out: dict[str, Any] = {"cniVersion": version}
+        if self.interfaces:
+            out["interfaces"] = [_interface_json(i, full) for i in self.interfaces]
+        if self.ips:
+            out["ips"] = [_ip_json(ip, with_version=not at_least(version, "1.0.0"))
+                          for ip in self.ips]
+        if self.routes:
+            out["routes"] = [_route_json(r, full) for r in self.routes]
+        if not self.dns.is_empty():
+            out["dns"] = self.dns.to_json()
+        return out
+
+    def _to_legacy(self, version: str) -> dict[str, Any]:
+        out: dict[str, Any] = {"cniVersion": version}
+        for family, key in ((4, "ip4"), (6, "ip6")):
+            ip = next((ip for ip in self.ips if ip.version == family), None)
+            if ip is None:
+                continue
+            block: dict[str, Any] = {"ip": ip.address}
+            if ip.gateway:
+                block["gateway"] = ip.gateway
+            routes = [
+                _route_json(r, False) for r in self.routes
+                if ipaddress.ip_network(r.dst, strict=False).version == family
+            ]
+            if routes:
+                block["routes"] = routes
+            out[key] = block
+        if "ip4" not in out and "ip6" not in out:
+            raise CNIError(ERR_DECODE, f"cannot express a result without addresses in {version}")
+        if not self.dns.is_empty():
+            out["dns"] = self.dns.to_json()
+        return out
+
+
+def _interface_json(iface: Interface, full: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": iface.name}
+    if iface.mac:
+        out["mac"] = iface.mac
+    if full and iface.mtu:
+        out["mtu"] = iface.mtu
+    if iface.sandbox:
+        out["sandbox"] = iface.sandbox
+    if full and iface.socket_path:
+        out["socketPath"] = iface.socket_path
+    if full and iface.pci_id:
+        out["pciID"] = iface.pci_id
+    return out
+
+
+def _ip_json(ip: IPConfig, with_version: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if with_version:  # 0.3.x and 0.4.0 require it
+        out["version"] = str(ip.version)
+    out["address"] = ip.address
+    if ip.gateway:
+        out["gateway"] = ip.gateway
+    if ip.interface is not None:
+        out["interface"] = ip.interface
+    return out
+
+
+def _route_json(route: Route, full: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {"dst": route.dst}
+    if route.gw:
+        out["gw"] = route.gw
+    if full:
+        for key in ("mtu", "advmss", "priority"):
+            if getattr(route, key):
+                out[key] = getattr(route, key)
+        if route.table is not None:
+            out["table"] = route.table
+        if route.scope is not None:
+            out["scope"] = route.scope
+    return out
+
+
+def _route(raw: Any, where: str) -> Route:
+    _expect(isinstance(raw, dict), f"{where} must be an object")
+    return Route(
+        dst=_cidr(raw.get("dst"), f"{where}.dst"),
+        gw=_ip(raw.get("gw"), f"{where}.gw"),
+        mtu=_uint(raw.get("mtu"), f"{where}.mtu") or 0,
+        advmss=_uint(raw.get("advmss"), f"{where}.advmss") or 0,
+        priority=_uint(raw.get("priority"), f"{where}.priority") or 0,
+        table=_uint(raw.get("table"), f"{where}.table"),
+        scope=_uint(raw.get("scope"), f"{where}.scope"),
+    )
+
+
+# -- field validation (errors name the field and the bad value) ---------------
+
+
+def _expect(ok: bool, details: str) -> None:
+    if not ok:
+        raise CNIError(ERR_DECODE, details)
+
+
+def _list(value: Any, where: str) -> list[Any]:
+    if value is None:
+        return []
+    _expect(isinstance(value, list), f"{where} must be a list, not {value!r}")
+    return value
+
+
+def _str(value: Any, where: str) -> str:
+    if value is None:
+        return ""
+    _expect(isinstance(value, str), f"{where} must be a string, not {value!r}")
+    return value
+
+
+def _str_list(value: Any, where: str) -> list[str]:
+    items = _list(value, where)
+    _expect(all(isinstance(v, str) for v in items), f"{where} must hold strings: {items!r}")
+    return list(items)
+
+
+def _uint(value: Any, where: str) -> int | None:
+    if value is None:
+        return None
+    _expect(
+        isinstance(value, int) and not isinstance(value, bool) and value >= 0,
+        f"{where} must be a non-negative integer, not {value!r}",
+    )
+    return value
+
+
+def _cidr(value: Any, where: str) -> str:
+    _expect(isinstance(value, str), f"{where} must be an address in CIDR form, not {value!r}")
+    _expect("/" in value, f"{where} {value!r} has no prefix length")
+    try:
+        ipaddress.ip_interface(value)
+    except ValueError:
+        raise CNIError(ERR_DECODE, f"{where} {value!r} is not an address in CIDR form") from None
+    return value
+
+
+def _ip(value: Any, where: str) -> str:
+    if value in (None, ""):
+        return ""
+    try:
+        return str(ipaddress.ip_address(value))
+    except ValueError:
+        raise CNIError(ERR_DECODE, f"{where} {value!r} is not an IP address") from None

@@ -1,0 +1,160 @@
+"""ADD: allocate the pod's address, wire its veth, masquerade, report the result.
+
+Every step after the IPAM allocation is undone if a later one fails (or the
+process is told to stop), so a failed ADD leaves no veth, route, masquerade
+entry or address behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import signal
+from typing import Any
+
+from cni import ipam_client, link, masq, sysctl, wiring
+from cni.errors import ERR_INVALID_CONFIG, ERR_INVALID_ENV, ERR_UNSUPPORTED_FIELD, CNIError
+from cni.netlink import IPRoute, pod_socket
+from cni.netns import Netns, NetnsGone, NotANetns
+from cni.protocol import Request, prev_result
+from cni.result import Interface, IPConfig, Result
+from cni.verbs import load_conf, require_standalone
+
+log = logging.getLogger("sluice")
+MAC_PATTERN = re.compile(r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$")
+
+
+def run(request: Request) -> dict[str, Any]:
+    conf = load_conf(request)
+    require_standalone(conf)
+    if conf.ip_masq and conf.cluster_cidr is None:
+        raise CNIError(ERR_INVALID_CONFIG, '"ipMasq" needs "clusterCIDR" when the IPAM '
+                       f'({conf.ipam_type}) has no "subnet"')
+    prev = prev_result(request)
+    pod_mac = requested_mac(request)
+    # SIGTERM (a runtime giving up) must still run the rollback below.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+
+    attachment = wiring.Attachment.of(request)
+    with open_pod_netns(request.netns) as netns, IPRoute() as host, pod_socket(netns) as pod:
+        if link.get_link(pod, request.ifname) is not None:
+            raise CNIError(ERR_INVALID_ENV, f'interface "{request.ifname}" already exists in '
+                           f'netns "{request.netns}"')
+        remove_leftover_veth(host, attachment)
+        mtu = conf.mtu or link.default_route_mtu(host) or wiring.DEFAULT_MTU
+        ipam = ipam_client.for_request(request)
+        ipam_result, allocated = ipam.add()
+        try:
+            addresses = pod_addresses(ipam_result)
+            routes = wiring.pod_routes(ipam_result.routes)
+            sysctl.ensure("net.ipv4.ip_forward", "1")
+            host_link, pod_link = wiring.wire(host, pod, netns, attachment, mtu, pod_mac,
+                                              addresses, routes)
+            if conf.ip_masq and conf.cluster_cidr is not None:
+                masq.add(conf.network, conf.cluster_cidr, [a.split("/")[0] for a in addresses])
+        except BaseException:
+            rollback(host, attachment, ipam, allocated)
+            raise
+
+    ours = Result(
+        request.cni_version,
+        interfaces=[
+            Interface(host_link.name, host_link.mac, mtu),
+            Interface(pod_link.name, pod_link.mac, mtu, sandbox=request.netns),
+        ],
+        ips=[IPConfig(a, wiring.GATEWAY, interface=1) for a in addresses],
+        routes=routes,
+        dns=conf.dns if not conf.dns.is_empty() else ipam_result.dns,
+    )
+    return merge(prev, ours).to_json(request.cni_version)
+
+
+def open_pod_netns(path: str) -> Netns:
+    try:
+        netns = Netns(path)
+    except NetnsGone:
+        raise CNIError(ERR_INVALID_ENV, f'failed to open netns "{path}": no such file') from None
+    except OSError as err:
+        raise CNIError(ERR_INVALID_ENV, f'failed to open netns "{path}": {err.strerror}') \
+            from None
+    try:
+        if netns.is_current():
+            raise CNIError(ERR_INVALID_ENV, f'CNI_NETNS "{path}" is the plugin\'s own network '
+                           "namespace; refusing to configure it")
+        with netns.entered():
+            pass
+    except NotANetns:
+        netns.close()
+        raise CNIError(ERR_INVALID_ENV, f'CNI_NETNS "{path}" is not a network namespace') \
+            from None
+    except BaseException:
+        netns.close()
+        raise
+    return netns
+
+
+def requested_mac(request: Request) -> str | None:
+    mac = request.runtime_config("mac") or request.args.get("MAC")
+    if mac is None:
+        return None
+    if not isinstance(mac, str) or not MAC_PATTERN.match(mac):
+        raise CNIError(ERR_INVALID_CONFIG, f"invalid MAC address {mac!r} requested")
+    return mac.lower()
+
+
+def pod_addresses(ipam_result: Result) -> list[str]:
+    if not ipam_result.ips:
+        raise CNIError(ERR_INVALID_CONFIG, "the IPAM plugin returned no address")
+    v6 = [ip.address for ip in ipam_result.ips if ip.version != 4]
+    if v6:
+        raise CNIError(ERR_UNSUPPORTED_FIELD, f"IPAM address {v6[0]}: only IPv4 is supported")
+    return [ip.address for ip in ipam_result.ips]
+
+
+def remove_leftover_veth(host: IPRoute, attachment: wiring.Attachment) -> None:
+    """A node-side veth of this very attachment, left by an ADD that was killed."""
+    existing = link.get_link(host, attachment.host_name)
+    if existing is None:
+        return
+    if existing.alias not in (None, attachment.alias):
+        raise CNIError(ERR_INVALID_ENV, f'veth name "{attachment.host_name}" for container '
+                       f"{attachment.container_id!r} is taken by {existing.alias!r}")
+    log.warning("removing leftover veth %s of %s", existing.name, attachment.alias)
+    link.delete_link(host, attachment.host_name)
+
+
+def rollback(host: IPRoute, attachment: wiring.Attachment, ipam: ipam_client.IPAM,
+             allocated: bool) -> None:
+    """Best effort: each undo step runs even if an earlier one fails."""
+    try:
+        ips = wiring.unwire(host, attachment)
+        if ips:
+            masq.remove(attachment.network, ips)
+    except Exception as err:
+        log.error("rollback of %s: failed to remove the veth: %s", attachment.alias, err)
+    if allocated:
+        try:
+            ipam.delete()
+        except Exception as err:
+            log.error("rollback of %s: failed to release the address: %s", attachment.alias,
+                      err)
+
+
+def merge(prev: Result | None, ours: Result) -> Result:
+    """Chain onto prevResult: keep what earlier plugins reported, append ours."""
+    if prev is None:
+        return ours
+    offset = len(prev.interfaces)
+    for ip in ours.ips:
+        ip.interface = None if ip.interface is None else ip.interface + offset
+    return Result(
+        ours.cni_version,
+        interfaces=prev.interfaces + ours.interfaces,
+        ips=prev.ips + ours.ips,
+        routes=prev.routes + ours.routes,
+        dns=ours.dns if not ours.dns.is_empty() else prev.dns,
+    )
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    raise SystemExit(f"stopped by signal {signum}")

@@ -1,0 +1,85 @@
+"""CHECK: the pod is still wired as the ADD result (prevResult) says.
+
+Checked: the pod interface (a veth, up, its MAC), its addresses, the routes
+through the gateway and the gateway's neighbour entry; the node-side veth,
+its label and its host routes; the masquerade entries; the IPAM reservation.
+Routes that later plugins added are tolerated.
+"""
+
+from __future__ import annotations
+
+from cni import addr, ipam_client, link, masq, route, wiring
+from cni.errors import ERR_CHECK_FAILED, ERR_INVALID_CONFIG, CNIError
+from cni.netlink import IPRoute, pod_socket
+from cni.protocol import Request, prev_result
+from cni.result import IPConfig, Result
+from cni.verbs import load_conf, require_standalone
+from cni.verbs.add import open_pod_netns
+
+
+def run(request: Request) -> None:
+    conf = load_conf(request)
+    require_standalone(conf)
+    prev = prev_result(request)
+    if prev is None:
+        raise CNIError(ERR_INVALID_CONFIG, "CHECK needs the ADD result as prevResult")
+    index, expected_ips = pod_interface(prev, request)
+    expected = prev.interfaces[index]
+    attachment = wiring.Attachment.of(request)
+    ips = [str(ip.ip) for ip in expected_ips]
+
+    with open_pod_netns(request.netns) as netns, pod_socket(netns) as pod:
+        check_pod(pod, request, expected.mac, expected_ips, prev)
+    with IPRoute() as host:
+        check_host(host, attachment, ips)
+    if conf.ip_masq:
+        missing = [ip for ip in ips if not masq.contains(conf.network, ip)]
+        _require(not missing, f"masquerade set {masq.set_name(conf.network)} lacks {missing}")
+    ipam_client.for_request(request).check(expected_ips)
+
+
+def pod_interface(prev: Result, request: Request) -> tuple[int, list[IPConfig]]:
+    for index, iface in enumerate(prev.interfaces):
+        if iface.name == request.ifname and iface.sandbox == request.netns:
+            return index, [ip for ip in prev.ips if ip.interface == index]
+    raise CNIError(ERR_CHECK_FAILED, f'prevResult has no interface "{request.ifname}" in '
+                   f'netns "{request.netns}"')
+
+
+def check_pod(pod: IPRoute, request: Request, mac: str, ips: list[IPConfig],
+              prev: Result) -> None:
+    where = f'"{request.ifname}" in netns "{request.netns}"'
+    found = link.get_link(pod, request.ifname)
+    _require(found is not None, f"interface {where} is missing")
+    assert found is not None
+    _require(found.kind == "veth", f"interface {where} is a {found.kind or 'device'}, not a veth")
+    _require(found.up, f"interface {where} is down")
+    _require(not mac or found.mac.lower() == mac.lower(),
+             f"interface {where} has MAC {found.mac}, prevResult says {mac}")
+    present = addr.addresses(pod, found.index)
+    for ip in ips:
+        _require(ip.address in present, f"address {ip.address} is missing on {where}")
+    neighbors = addr.permanent_neighbors(pod, found.index)
+    _require(neighbors.get(wiring.GATEWAY) == link.HOST_MAC,
+             f"gateway {wiring.GATEWAY} has no permanent neighbour entry on {where}")
+    kernel = {(r.dst, r.gw) for r in route.routes(pod, found.index)}
+    for r in prev.routes:
+        if r.gw == wiring.GATEWAY:
+            _require((r.dst, r.gw) in kernel, f"route {r.dst} via {r.gw} is missing on {where}")
+
+
+def check_host(host: IPRoute, attachment: wiring.Attachment, ips: list[str]) -> None:
+    veth = link.get_link(host, attachment.host_name)
+    _require(veth is not None, f'node-side veth "{attachment.host_name}" is missing')
+    assert veth is not None
+    _require(veth.alias == attachment.alias,
+             f'node-side veth "{veth.name}" is labelled {veth.alias!r}, not {attachment.alias!r}')
+    _require(veth.up, f'node-side veth "{veth.name}" is down')
+    routed = set(wiring.host_routed_ips(host, veth))
+    for ip in ips:
+        _require(ip in routed, f'the node has no route to {ip} via "{veth.name}"')
+
+
+def _require(ok: bool, details: str) -> None:
+    if not ok:
+        raise CNIError(ERR_CHECK_FAILED, details)

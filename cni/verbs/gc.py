@@ -1,0 +1,54 @@
+"""GC: release everything of this network that belongs to no valid attachment.
+
+Node-side veths are found by their alias, addresses by the IPAM store (or the
+delegated IPAM's own GC), and the masquerade set is rebuilt from the veths
+that remain. Every step runs even if another fails; the errors are reported
+together.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from cni import ipam_client, link, masq, wiring
+from cni.errors import CNIError
+from cni.netconf import NetConf
+from cni.netlink import IPRoute
+from cni.protocol import Request, valid_attachments
+from cni.verbs import load_conf
+
+log = logging.getLogger("sluice")
+
+
+def run(request: Request) -> None:
+    valid = valid_attachments(request.config)
+    conf = load_conf(request)
+    errors: list[CNIError] = []
+    remaining_ips: list[str] = []
+    with IPRoute() as host:
+        for veth, container_id, ifname in link.attachment_links(host, conf.network):
+            if (container_id, ifname) in valid:
+                remaining_ips += wiring.host_routed_ips(host, veth)
+                continue
+            try:
+                link.delete_link(host, veth.name)
+                log.info("gc: removed veth %s of %s/%s", veth.name, container_id, ifname)
+            except CNIError as err:
+                errors.append(err)
+    for step in (lambda: ipam_client.for_request(request).gc(valid),
+                 lambda: _resync_masquerade(conf, remaining_ips)):
+        try:
+            step()
+        except CNIError as err:
+            errors.append(err)
+    if errors:
+        raise CNIError(errors[0].code, "; ".join(err.details for err in errors))
+
+
+def _resync_masquerade(conf: NetConf, remaining_ips: list[str]) -> None:
+    if not conf.ip_masq or conf.cluster_cidr is None:
+        return
+    if remaining_ips:
+        masq.replace(conf.network, conf.cluster_cidr, remaining_ips)
+    else:
+        masq.drop(conf.network)

@@ -1,0 +1,105 @@
+"""Pod wiring: the veth pair, the pod's addresses and routes, the node's routes.
+
+The pod's default route points at a link-local gateway, 169.254.1.1, which no
+interface owns: the pod has a permanent neighbour entry mapping it to the
+node-side veth's fixed MAC, so every packet the pod routes goes to the node,
+which forwards it by its /32 host routes. Pod addresses keep their subnet's
+prefix length but get no on-link route (IFA_F_NOPREFIXROUTE), so pod-to-pod
+traffic on a node also goes through the node, keeping its source address.
+The node-side veth has no address; traffic from the node to a pod leaves
+with the node's own address.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+
+from cni import addr, link, route
+from cni.netlink import IPRoute
+from cni.netns import Netns
+from cni.protocol import Request
+from cni.result import Route
+
+GATEWAY = "169.254.1.1"
+DEFAULT_ROUTE = "0.0.0.0/0"
+DEFAULT_MTU = 1500
+
+
+@dataclass(frozen=True)
+class Attachment:
+    """One (network, container id, ifname) and the node-side veth that serves it."""
+
+    network: str
+    container_id: str
+    ifname: str
+
+    @classmethod
+    def of(cls, request: Request) -> Attachment:
+        return cls(request.network, request.container_id, request.ifname)
+
+    @property
+    def host_name(self) -> str:
+        return link.host_veth_name(self.container_id, self.ifname)
+
+    @property
+    def alias(self) -> str:
+        return link.attachment_alias(self.network, self.container_id, self.ifname)
+
+
+def pod_routes(ipam_routes: list[Route]) -> list[Route]:
+    """IPAM routes sent through the gateway, with a default route when none is given."""
+    routes = [Route(dst=r.dst, gw=GATEWAY, mtu=r.mtu, advmss=r.advmss, priority=r.priority,
+                    table=r.table) for r in ipam_routes
+              if ipaddress.ip_network(r.dst, strict=False).version == 4]
+    if not any(r.dst == DEFAULT_ROUTE for r in routes):
+        routes.insert(0, Route(dst=DEFAULT_ROUTE, gw=GATEWAY))
+    return routes
+
+
+def wire(host: IPRoute, pod: IPRoute, netns: Netns, attachment: Attachment, mtu: int,
+         pod_mac: str | None, addresses: list[str], routes: list[Route]) -> tuple[link.Link,
+                                                                               link.Link]:
+    """Create and configure the pair; return the (node-side, pod-side) links."""
+    ifname = attachment.ifname
+    link.create_veth(host, attachment.host_name, attachment.alias, ifname, netns.fd, mtu,
+                     pod_mac)
+    pod_link = link.get_link(pod, ifname)
+    host_link = link.get_link(host, attachment.host_name)
+    if pod_link is None or host_link is None:
+        raise RuntimeError(f"veth {attachment.host_name}/{ifname} vanished after creation")
+
+    for cidr in addresses:
+        addr.add_address(pod, pod_link.index, ifname, cidr)
+    link.set_up(pod, pod_link.index, ifname)
+    route.add_route(pod, pod_link.index, ifname, Route(dst=f"{GATEWAY}/32"))
+    addr.add_permanent_neighbor(pod, pod_link.index, ifname, GATEWAY, link.HOST_MAC)
+    for r in routes:
+        route.add_route(pod, pod_link.index, ifname, r)
+
+    for cidr in addresses:
+        route.add_host_route(host, host_link.index, attachment.host_name,
+                             str(ipaddress.ip_interface(cidr).ip))
+    return host_link, pod_link
+
+
+def host_routed_ips(host: IPRoute, host_link: link.Link) -> list[str]:
+    """Pod addresses the node routes through this veth (its /32 host routes)."""
+    return [r.dst.split("/")[0] for r in route.routes(host, host_link.index)
+            if r.dst.endswith("/32")]
+
+
+def unwire(host: IPRoute, attachment: Attachment) -> list[str]:
+    """Delete the pair (the pod end goes with it); return the pod addresses it carried.
+
+    A veth labelled for another network is left alone.
+    """
+    host_link = link.get_link(host, attachment.host_name)
+    if host_link is None:
+        return []
+    owner = link.parse_alias(host_link.alias)
+    if owner is not None and owner[0] != attachment.network:
+        return []
+    ips = host_routed_ips(host, host_link)
+    link.delete_link(host, attachment.host_name)
+    return ips

@@ -1,0 +1,1 @@
+"""sluice address management: node-CIDR allocation over a crash-safe store."""
