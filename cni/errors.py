@@ -55,6 +55,7 @@ class CNIError(Exception):
         self.code = code
         self.msg = msg or MESSAGES.get(code, "error")
         self.details = details
+        self.cni_version: str | None = None  # the request's, when it was known
 
     def to_json(self, cni_version: str) -> dict[str, object]:
         return {

@@ -25,6 +25,10 @@ class IPAM(Protocol):
 
     def delete(self) -> None: ...
 
+    def addresses(self) -> list[str]:
+        """The attachment's addresses as far as the IPAM knows them without asking a delegate."""
+        ...
+
     def check(self, expected: list[IPConfig]) -> None: ...
 
     def status(self) -> None: ...
@@ -61,6 +65,11 @@ class BuiltinIPAM:
     def delete(self) -> None:
         with self._open() as allocator:
             allocator.release(self.request.container_id, self.request.ifname)
+
+    def addresses(self) -> list[str]:
+        with self._open() as allocator:
+            allocation = allocator.find(self.request.container_id, self.request.ifname)
+        return [str(allocation.ip)] if allocation else []
 
     def check(self, expected: list[IPConfig]) -> None:
         r = self.request
@@ -100,6 +109,9 @@ class DelegatedIPAM:
 
     def delete(self) -> None:
         delegate.run(self.request, self.plugin_type, "DEL")
+
+    def addresses(self) -> list[str]:
+        return []
 
     def check(self, expected: list[IPConfig]) -> None:
         delegate.run(self.request, self.plugin_type, "CHECK")

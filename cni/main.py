@@ -49,7 +49,7 @@ def run_plugin(verb_modules: Mapping[str, str], env: Mapping[str, str]) -> int:
     except CNIError as err:
         if err.code == ERR_INTERNAL or env.get("SLUICE_DEBUG"):
             _log_exception()
-        emit(err.to_json(reply_version))
+        emit(err.to_json(err.cni_version or reply_version))
         return 1
     except Exception as err:  # a bug: report it in the protocol, keep the trace on stderr
         _log_exception()

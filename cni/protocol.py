@@ -132,6 +132,15 @@ def parse_request(command: str, env: Mapping[str, str], stdin: bytes) -> Request
     config = decode_config(stdin)
     version = config_version(config)
     versions.require_supported(version)
+    try:
+        return _validate(command, env, stdin, config, version)
+    except CNIError as err:
+        err.cni_version = version  # once known, errors speak the request's version
+        raise
+
+
+def _validate(command: str, env: Mapping[str, str], stdin: bytes, config: dict[str, Any],
+              version: str) -> Request:
     versions.require_verb_allowed(command, version)
 
     missing = [name for name in REQUIRED_ENV[command] if not env.get(name)]

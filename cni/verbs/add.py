@@ -13,7 +13,13 @@ import signal
 from typing import Any
 
 from cni import ipam_client, link, masq, sysctl, wiring
-from cni.errors import ERR_INVALID_CONFIG, ERR_INVALID_ENV, ERR_UNSUPPORTED_FIELD, CNIError
+from cni.errors import (
+    ERR_INVALID_CONFIG,
+    ERR_INVALID_ENV,
+    ERR_TRY_AGAIN,
+    ERR_UNSUPPORTED_FIELD,
+    CNIError,
+)
 from cni.netlink import IPRoute, pod_socket
 from cni.netns import Netns, NetnsGone, NotANetns
 from cni.protocol import Request, prev_result
@@ -32,8 +38,7 @@ def run(request: Request) -> dict[str, Any]:
                        f'({conf.ipam_type}) has no "subnet"')
     prev = prev_result(request)
     pod_mac = requested_mac(request)
-    # SIGTERM (a runtime giving up) must still run the rollback below.
-    signal.signal(signal.SIGTERM, _exit_on_signal)
+    stop = StopRequest()
 
     attachment = wiring.Attachment.of(request)
     with open_pod_netns(request.netns) as netns, IPRoute() as host, pod_socket(netns) as pod:
@@ -43,18 +48,23 @@ def run(request: Request) -> dict[str, Any]:
         remove_leftover_veth(host, attachment)
         mtu = conf.mtu or link.default_route_mtu(host) or wiring.DEFAULT_MTU
         ipam = ipam_client.for_request(request)
+        stop.check()
         ipam_result, allocated = ipam.add()
         try:
+            stop.check()
             addresses = pod_addresses(ipam_result)
             routes = wiring.pod_routes(ipam_result.routes)
             sysctl.ensure("net.ipv4.ip_forward", "1")
             host_link, pod_link = wiring.wire(host, pod, netns, attachment, mtu, pod_mac,
                                               addresses, routes)
+            stop.check()
             if conf.ip_masq and conf.cluster_cidr is not None:
                 masq.add(conf.network, conf.cluster_cidr, [a.split("/")[0] for a in addresses])
         except BaseException:
+            stop.ignore()
             rollback(host, attachment, ipam, allocated)
             raise
+    stop.ignore()  # the pod is wired: finish and report it
 
     ours = Result(
         request.cni_version,
@@ -156,5 +166,25 @@ def merge(prev: Result | None, ours: Result) -> Result:
     )
 
 
-def _exit_on_signal(signum: int, frame: object) -> None:
-    raise SystemExit(f"stopped by signal {signum}")
+class StopRequest:
+    """SIGTERM during ADD: finish the current step, then roll back and fail.
+
+    Raising from the signal handler could interrupt a netlink exchange midway
+    and leave the socket unusable for the rollback, so the handler only
+    records the request and ADD looks at it between steps.
+    """
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        signal.signal(signal.SIGTERM, self._record)
+
+    def _record(self, signum: int, frame: object) -> None:
+        self.signal = signum
+
+    def ignore(self) -> None:
+        """From here on, finish regardless (also during interpreter shutdown)."""
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+    def check(self) -> None:
+        if self.signal is not None:
+            raise CNIError(ERR_TRY_AGAIN, f"ADD stopped by signal {self.signal}; rolled back")

@@ -20,10 +20,12 @@ def run(request: Request) -> None:
     attachment = wiring.Attachment.of(request)
     with IPRoute() as host:
         ips = set(wiring.unwire(host, attachment))
+    ipam = ipam_client.for_request(request)
     ips.update(prev_ips(request))
+    ips.update(ipam.addresses())
     if conf.ip_masq and ips:
         masq.remove(conf.network, sorted(ips))
-    ipam_client.for_request(request).delete()
+    ipam.delete()
 
 
 def prev_ips(request: Request) -> list[str]:

@@ -1,0 +1,85 @@
+"""Shared fixtures: an installed plugin, unique networks and pod namespaces.
+
+Everything runs against the real kernel as root: real network namespaces,
+veths, routes and nftables. Every fixture removes what it created, even when
+the test fails; a session check fails loudly if anything was left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.cni_run import Network, PodNamespaces, leftover_links, sluice_networks
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV_BIN = ROOT / ".venv" / "bin"
+REFERENCE_PLUGINS = Path("/usr/lib/cni")
+TEST_NETNS_PREFIX = "slt-"
+TEST_NETWORK_PREFIX = "slt"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if os.geteuid() != 0:
+        raise pytest.UsageError("sluice's tests need root: they create namespaces and veths")
+
+
+@pytest.fixture(scope="session")
+def bin_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A CNI plugin directory as a node has it: sluice's launchers and the reference plugins."""
+    path = tmp_path_factory.mktemp("cni-bin")
+    conf = tmp_path_factory.mktemp("cni-conf")
+    subprocess.run([VENV_BIN / "sluicectl", "install", "--bin-dir", path, "--conf-dir", conf],
+                   check=True, capture_output=True)
+    for plugin in REFERENCE_PLUGINS.iterdir():
+        (path / plugin.name).symlink_to(plugin)
+    return path
+
+
+@pytest.fixture
+def network(tmp_path: Path, bin_dir: Path) -> Iterator[Network]:
+    """A fresh sluice network with its own name, subnet and state directory."""
+    net = Network(
+        name=f"{TEST_NETWORK_PREFIX}{uuid.uuid4().hex[:8]}",
+        subnet=f"10.{random.randint(200, 239)}.{random.randint(0, 255)}.0/24",
+        state_dir=tmp_path / "state",
+        bin_dir=bin_dir,
+    )
+    try:
+        yield net
+    finally:
+        net.cleanup()
+
+
+@pytest.fixture
+def pods() -> Iterator[PodNamespaces]:
+    """Creates pod network namespaces on demand; removes them all afterwards."""
+    namespaces = PodNamespaces(TEST_NETNS_PREFIX)
+    try:
+        yield namespaces
+    finally:
+        namespaces.cleanup()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def nothing_left_behind() -> Iterator[None]:
+    """After the whole run: no test namespace, veth or nftables chain may remain."""
+    yield
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
+    netns = [n for n in listed.stdout.split() if n.startswith(TEST_NETNS_PREFIX)]
+    links = leftover_links(TEST_NETWORK_PREFIX)
+    chains = [n for n in sluice_networks() if n.startswith(TEST_NETWORK_PREFIX)]
+    assert not (netns or links or chains), (
+        f"left behind: netns {netns}, veths {links}, nftables chains {chains}")
+
+
+def write_json(path: Path, data: object) -> Path:
+    path.write_text(json.dumps(data))
+    return path
