@@ -14,17 +14,17 @@ DEB_PACKAGES := containerd runc containernetworking-plugins busybox-static \
 .PHONY: test demo setup deps headers venv tools lint bench clean
 
 test: setup
-	$(PY) -m ruff check cni ipam tests bench
+	$(PY) -m ruff check cni ipam tests bench demo
 	PATH="$(CURDIR)/$(TOOLS):$$PATH" $(PY) -m pytest $(PYTEST_ARGS)
 
 demo: setup
-	PATH="$(CURDIR)/$(TOOLS):$$PATH" $(PY) conf/demo.py
+	$(PY) demo/run.py
 
 bench: setup
 	$(PY) bench/add_del.py
 
 lint: venv
-	$(PY) -m ruff check cni ipam tests bench
+	$(PY) -m ruff check cni ipam tests bench demo
 	$(PY) -m ruff format --check cni ipam tests bench
 
 setup: deps headers venv tools

@@ -569,3 +569,32 @@ def test_delegation_needs_cni_path(network: Network, pods: PodNamespaces) -> Non
                       cni_path="/nonexistent")
     assert run.error_code == 104 and "host-local" in run.out["details"]
     assert network.veths() == []
+
+
+def test_delegates_every_verb_to_an_exec_ipam(network: Network, pods: PodNamespaces) -> None:
+    """A spec 1.1.0 IPAM found through CNI_PATH (sluice-ipam under another name) gets ADD,
+    CHECK, STATUS, GC and DEL with the caller's stdin."""
+    (network.bin_dir.parent / "exec-ipam").mkdir(exist_ok=True)
+    alias = network.bin_dir.parent / "exec-ipam" / "other-ipam"
+    if not alias.exists():
+        alias.symlink_to(network.bin_dir / "sluice-ipam")
+    cni_path = f"{network.bin_dir}:{alias.parent}"
+    ipam = {"type": "other-ipam", "subnet": network.subnet}
+    config = network.config(ipam=ipam)
+    netns = pods.new()
+    result = network.add(netns, "c1", config=config, cni_path=cni_path)
+    assert network.allocations() == {("c1", "eth0"): pod_ip(result)}
+    network.run("CHECK", network.config(ipam=ipam, prevResult=result), container_id="c1",
+                netns=netns, ifname="eth0", cni_path=cni_path).ok()
+    network.run("STATUS", config, cni_path=cni_path).ok()
+    network.run("GC", network.config(ipam=ipam, **{"cni.dev/valid-attachments": [
+        {"containerID": "c1", "ifname": "eth0"}]}), cni_path=cni_path).ok()
+    assert len(network.allocations()) == 1
+    network.delete(netns, "c1", config=config, cni_path=cni_path).ok()
+    assert_nothing_left(network)
+    # The delegate's own CNI error comes back unchanged (here: nothing left to hand out).
+    tiny = {"type": "other-ipam", "subnet": "10.254.9.0/30"}
+    network.add(netns, "c2", config=network.config(ipam=tiny), cni_path=cni_path)
+    run = network.run("STATUS", network.config(ipam=tiny), cni_path=cni_path)
+    assert run.error_code == 50
+    network.delete(netns, "c2", config=network.config(ipam=tiny), cni_path=cni_path).ok()
