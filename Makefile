@@ -13,8 +13,7 @@ DEB_PACKAGES := containerd runc containernetworking-plugins busybox-static \
 
 .PHONY: test demo setup deps headers venv tools lint bench clean
 
-test: setup
-	$(PY) -m ruff check cni ipam tests bench demo
+test: setup lint
 	PATH="$(CURDIR)/$(TOOLS):$$PATH" $(PY) -m pytest $(PYTEST_ARGS)
 
 demo: setup
@@ -25,7 +24,7 @@ bench: setup
 
 lint: venv
 	$(PY) -m ruff check cni ipam tests bench demo
-	$(PY) -m ruff format --check cni ipam tests bench
+	$(PY) -m ruff format --check cni ipam tests bench demo
 
 setup: deps headers venv tools
 

@@ -27,14 +27,22 @@ ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = Path("/usr/lib/cni")
 
 
-def exec_plugin(binary: Path, command: str, config: dict, container_id: str, netns: str,
-                bin_dir: Path) -> float:
-    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "CNI_COMMAND": command,
-           "CNI_CONTAINERID": container_id, "CNI_NETNS": netns, "CNI_IFNAME": "eth0",
-           "CNI_ARGS": "", "CNI_PATH": str(bin_dir)}
+def exec_plugin(
+    binary: Path, command: str, config: dict, container_id: str, netns: str, bin_dir: Path
+) -> float:
+    env = {
+        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+        "CNI_COMMAND": command,
+        "CNI_CONTAINERID": container_id,
+        "CNI_NETNS": netns,
+        "CNI_IFNAME": "eth0",
+        "CNI_ARGS": "",
+        "CNI_PATH": str(bin_dir),
+    }
     start = time.perf_counter()
-    proc = subprocess.run([binary], input=json.dumps(config).encode(), env=env,
-                          capture_output=True, check=False)
+    proc = subprocess.run(
+        [binary], input=json.dumps(config).encode(), env=env, capture_output=True, check=False
+    )
     elapsed = time.perf_counter() - start
     if proc.returncode != 0:
         sys.exit(f"{binary.name} {command} failed: {proc.stdout.decode()} {proc.stderr.decode()}")
@@ -70,36 +78,69 @@ def median_ms(samples: list[list[float]]) -> float:
 
 
 def ratio(ours: list[list[float]], theirs: list[list[float]]) -> float:
-    return statistics.median(statistics.median(a) / statistics.median(b)
-                             for a, b in zip(ours, theirs, strict=True))
+    return statistics.median(
+        statistics.median(a) / statistics.median(b) for a, b in zip(ours, theirs, strict=True)
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--pods", type=int, default=20, help="pods per plugin and round")
-    parser.add_argument("--no-ip-masq", action="store_true",
-                        help="run both without masquerading (ptp's default)")
+    parser.add_argument(
+        "--no-ip-masq", action="store_true", help="run both without masquerading (ptp's default)"
+    )
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("run as root: the benchmark creates namespaces and veths")
 
     work = Path(tempfile.mkdtemp(prefix="sluice-bench-"))
     bin_dir = work / "bin"
-    subprocess.run([ROOT / ".venv" / "bin" / "sluicectl", "install", "--bin-dir", bin_dir,
-                    "--conf-dir", work / "net.d"], check=True, capture_output=True)
+    subprocess.run(
+        [
+            ROOT / ".venv" / "bin" / "sluicectl",
+            "install",
+            "--bin-dir",
+            bin_dir,
+            "--conf-dir",
+            work / "net.d",
+        ],
+        check=True,
+        capture_output=True,
+    )
     for plugin in ("ptp", "bridge", "host-local"):
         (bin_dir / plugin).symlink_to(REFERENCE / plugin)
     masq = not args.no_ip_masq
     contenders = [
-        Contender("sluice", bin_dir / "sluice", {
-            "cniVersion": "1.0.0", "name": "bench-sluice", "type": "sluice", "policy": "off",
-            "ipMasq": masq, "stateDir": str(work / "state"),
-            "ipam": {"type": "sluice-ipam", "subnet": "10.210.0.0/16"}}),
-        Contender("ptp", bin_dir / "ptp", {
-            "cniVersion": "1.0.0", "name": "bench-ptp", "type": "ptp", "ipMasq": masq,
-            "ipam": {"type": "host-local", "subnet": "10.211.0.0/16",
-                     "dataDir": str(work / "host-local"), "routes": [{"dst": "0.0.0.0/0"}]}}),
+        Contender(
+            "sluice",
+            bin_dir / "sluice",
+            {
+                "cniVersion": "1.0.0",
+                "name": "bench-sluice",
+                "type": "sluice",
+                "policy": "off",
+                "ipMasq": masq,
+                "stateDir": str(work / "state"),
+                "ipam": {"type": "sluice-ipam", "subnet": "10.210.0.0/16"},
+            },
+        ),
+        Contender(
+            "ptp",
+            bin_dir / "ptp",
+            {
+                "cniVersion": "1.0.0",
+                "name": "bench-ptp",
+                "type": "ptp",
+                "ipMasq": masq,
+                "ipam": {
+                    "type": "host-local",
+                    "subnet": "10.211.0.0/16",
+                    "dataDir": str(work / "host-local"),
+                    "routes": [{"dst": "0.0.0.0/0"}],
+                },
+            },
+        ),
     ]
     try:
         for r in range(args.rounds):
@@ -109,21 +150,27 @@ def main() -> None:
             print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-        subprocess.run(["nft", "delete", "chain", "ip", "sluice", "masq_bench-sluice"],
-                       check=False, capture_output=True)
-        subprocess.run(["nft", "delete", "set", "ip", "sluice", "masq_bench-sluice"],
-                       check=False, capture_output=True)
+        subprocess.run(
+            ["nft", "delete", "table", "ip", "sluice_bench-sluice"],
+            check=False,
+            capture_output=True,
+        )
 
     sluice, ptp = contenders
-    print(f"ADD/DEL latency, {args.rounds} rounds x {args.pods} pods, one pod at a time, "
-          f"ipMasq {'on' if masq else 'off'}")
+    print(
+        f"ADD/DEL latency, {args.rounds} rounds x {args.pods} pods, one pod at a time, "
+        f"ipMasq {'on' if masq else 'off'}"
+    )
     print(f"{'plugin':<22}{'ADD median':>12}{'DEL median':>12}")
     for contender in contenders:
-        label = contender.label + (" + host-local" if contender.label == "ptp" else
-                                   " (in-process)")
-        print(f"{label:<22}{median_ms(contender.add):>10.1f}ms{median_ms(contender.delete):>10.1f}ms")
-    print(f"{'ratio sluice/ptp':<22}{ratio(sluice.add, ptp.add):>11.2f}x"
-          f"{ratio(sluice.delete, ptp.delete):>11.2f}x")
+        label = contender.label + (" + host-local" if contender.label == "ptp" else " (in-process)")
+        print(
+            f"{label:<22}{median_ms(contender.add):>10.1f}ms{median_ms(contender.delete):>10.1f}ms"
+        )
+    print(
+        f"{'ratio sluice/ptp':<22}{ratio(sluice.add, ptp.add):>11.2f}x"
+        f"{ratio(sluice.delete, ptp.delete):>11.2f}x"
+    )
 
 
 if __name__ == "__main__":

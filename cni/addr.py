@@ -16,16 +16,18 @@ NUD_PERMANENT = 0x80
 def add_address(ipr: IPRoute, index: int, ifname: str, cidr: str) -> None:
     iface = ipaddress.ip_interface(cidr)
     with kernel_op(f'add address {cidr} to "{ifname}"'):
-        ipr.addr("add", index=index, address=str(iface.ip),
-                 prefixlen=iface.network.prefixlen, IFA_FLAGS=IFA_F_NOPREFIXROUTE)
+        ipr.addr(
+            "add",
+            index=index,
+            address=str(iface.ip),
+            prefixlen=iface.network.prefixlen,
+            IFA_FLAGS=IFA_F_NOPREFIXROUTE,
+        )
 
 
 def addresses(ipr: IPRoute, index: int) -> set[str]:
     """The link's addresses in CIDR form."""
-    return {
-        f"{msg.get('IFA_ADDRESS')}/{msg['prefixlen']}"
-        for msg in ipr.addr("dump", index=index)
-    }
+    return {f"{msg.get('IFA_ADDRESS')}/{msg['prefixlen']}" for msg in ipr.addr("dump", index=index)}
 
 
 def add_permanent_neighbor(ipr: IPRoute, index: int, ifname: str, ip: str, mac: str) -> None:

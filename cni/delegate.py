@@ -18,8 +18,9 @@ from cni.result import Result
 
 def find_plugin(plugin_type: str, path: list[str]) -> str:
     if not path:
-        raise CNIError(ERR_INVALID_ENV,
-                       f'CNI_PATH is empty: cannot find delegated plugin "{plugin_type}"')
+        raise CNIError(
+            ERR_INVALID_ENV, f'CNI_PATH is empty: cannot find delegated plugin "{plugin_type}"'
+        )
     for directory in path:
         candidate = os.path.join(directory, plugin_type)
         if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
@@ -33,8 +34,9 @@ def run(request: Request, plugin_type: str, command: str) -> bytes:
     env = dict(request.env)
     env["CNI_COMMAND"] = command
     try:
-        proc = subprocess.run([binary], input=request.raw_config, env=env,
-                              capture_output=True, check=False)
+        proc = subprocess.run(
+            [binary], input=request.raw_config, env=env, capture_output=True, check=False
+        )
     except OSError as err:
         raise CNIError(ERR_DELEGATE, f'failed to run "{binary}": {err}') from None
     if proc.stderr:
@@ -44,18 +46,25 @@ def run(request: Request, plugin_type: str, command: str) -> bytes:
     return proc.stdout
 
 
-def _delegate_error(plugin_type: str, command: str,
-                    proc: subprocess.CompletedProcess[bytes]) -> CNIError:
+def _delegate_error(
+    plugin_type: str, command: str, proc: subprocess.CompletedProcess[bytes]
+) -> CNIError:
     """Pass the delegate's own CNI error on; wrap anything else."""
     try:
         error = json.loads(proc.stdout)
         code = int(error["code"])
-        return CNIError(code, f'{plugin_type} {command}: {error.get("details") or ""}'.rstrip(": "),
-                        msg=error.get("msg"))
+        return CNIError(
+            code,
+            f"{plugin_type} {command}: {error.get('details') or ''}".rstrip(": "),
+            msg=error.get("msg"),
+        )
     except (ValueError, KeyError, TypeError):
         text = (proc.stdout or proc.stderr).decode(errors="replace").strip()
-        return CNIError(ERR_DELEGATE, f'{plugin_type} {command} failed with exit status '
-                        f"{proc.returncode}: {text or 'no output'}")
+        return CNIError(
+            ERR_DELEGATE,
+            f"{plugin_type} {command} failed with exit status "
+            f"{proc.returncode}: {text or 'no output'}",
+        )
 
 
 def add(request: Request, plugin_type: str) -> Result:

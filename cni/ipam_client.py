@@ -54,11 +54,14 @@ class BuiltinIPAM:
     def add(self) -> tuple[Result, bool]:
         r = self.request
         with self._open() as allocator:
-            allocation, created = allocator.allocate(r.container_id, r.ifname, r.pod_namespace,
-                                                     r.pod_name)
+            allocation, created = allocator.allocate(
+                r.container_id, r.ifname, r.pod_namespace, r.pod_name
+            )
         gateway = str(self.config.gateway) if self.config.gateway else ""
-        routes = [Route(dst=str(route.dst), gw=str(route.gw) if route.gw else "")
-                  for route in self.config.routes]
+        routes = [
+            Route(dst=str(route.dst), gw=str(route.gw) if route.gw else "")
+            for route in self.config.routes
+        ]
         result = Result(r.cni_version, ips=[IPConfig(allocation.cidr, gateway)], routes=routes)
         return result, created
 
@@ -76,13 +79,19 @@ class BuiltinIPAM:
         with self._open() as allocator:
             allocation = allocator.find(r.container_id, r.ifname)
         if allocation is None:
-            raise CNIError(ERR_CHECK_FAILED, f"sluice-ipam has no address for container "
-                           f"{r.container_id!r} interface {r.ifname!r}")
+            raise CNIError(
+                ERR_CHECK_FAILED,
+                f"sluice-ipam has no address for container "
+                f"{r.container_id!r} interface {r.ifname!r}",
+            )
         ips = {str(ip.ip) for ip in expected if ip.version == 4}
         if ips and str(allocation.ip) not in ips:
-            raise CNIError(ERR_CHECK_FAILED, f"sluice-ipam holds {allocation.ip} for container "
-                           f"{r.container_id!r} interface {r.ifname!r}, prevResult says "
-                           f"{sorted(ips)}")
+            raise CNIError(
+                ERR_CHECK_FAILED,
+                f"sluice-ipam holds {allocation.ip} for container "
+                f"{r.container_id!r} interface {r.ifname!r}, prevResult says "
+                f"{sorted(ips)}",
+            )
 
     def status(self) -> None:
         try:
@@ -91,8 +100,11 @@ class BuiltinIPAM:
         except CNIError as err:
             raise CNIError(ERR_NOT_AVAILABLE, err.details) from None
         if available <= 0:
-            raise CNIError(ERR_NOT_AVAILABLE, f"no address left in {self.config.subnet} "
-                           f"(range {self.config.range_start}-{self.config.range_end})")
+            raise CNIError(
+                ERR_NOT_AVAILABLE,
+                f"no address left in {self.config.subnet} "
+                f"(range {self.config.range_start}-{self.config.range_end})",
+            )
 
     def gc(self, valid: set[tuple[str, str]]) -> None:
         with self._open() as allocator:

@@ -34,8 +34,9 @@ def import_paths() -> list[str]:
 
 
 def render(executable: str) -> str:
-    return TEMPLATE.format(python=sys.executable, paths=import_paths(),
-                           module=ENTRY_POINTS[executable])
+    return TEMPLATE.format(
+        python=sys.executable, paths=import_paths(), module=ENTRY_POINTS[executable]
+    )
 
 
 def write(bin_dir: str, executable: str) -> str:

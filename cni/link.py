@@ -32,7 +32,7 @@ def parse_alias(alias: str | None) -> tuple[str, str, str] | None:
     """(network, container id, ifname) from a node-side veth alias, or None."""
     if not alias or not alias.startswith(ALIAS_PREFIX):
         return None
-    parts = alias[len(ALIAS_PREFIX):].split("/")
+    parts = alias[len(ALIAS_PREFIX) :].split("/")
     return (parts[0], parts[1], parts[2]) if len(parts) == 3 else None
 
 
@@ -81,8 +81,15 @@ def attachment_links(ipr: IPRoute, network: str) -> list[tuple[Link, str, str]]:
     return found
 
 
-def create_veth(host: IPRoute, host_name: str, alias: str, pod_ifname: str, pod_ns_fd: int,
-                mtu: int, pod_mac: str | None) -> None:
+def create_veth(
+    host: IPRoute,
+    host_name: str,
+    alias: str,
+    pod_ifname: str,
+    pod_ns_fd: int,
+    mtu: int,
+    pod_mac: str | None,
+) -> None:
     """Create the pair with the pod end directly inside the pod's namespace."""
     peer: dict[str, object] = {"ifname": pod_ifname, "net_ns_fd": pod_ns_fd, "mtu": mtu}
     if pod_mac:

@@ -60,8 +60,9 @@ def run_plugin(verb_modules: Mapping[str, str], env: Mapping[str, str]) -> int:
 def answer_version(stdin: bytes) -> int:
     info = versions.version_info(peek_version(stdin))
     supported = ", ".join(f'"{v}"' for v in info["supportedVersions"])  # type: ignore[attr-defined]
-    sys.stdout.write(f'{{"cniVersion": "{info["cniVersion"]}", '
-                     f'"supportedVersions": [{supported}]}}\n')
+    sys.stdout.write(
+        f'{{"cniVersion": "{info["cniVersion"]}", "supportedVersions": [{supported}]}}\n'
+    )
     return 0
 
 
@@ -82,8 +83,9 @@ def read_stdin() -> bytes:
     try:
         return sys.stdin.buffer.read()
     except OSError as err:
-        raise CNIError(ERR_IO, f"failed to read the network configuration from stdin: {err}") \
-            from None
+        raise CNIError(
+            ERR_IO, f"failed to read the network configuration from stdin: {err}"
+        ) from None
 
 
 def read_stdin_quietly() -> bytes:

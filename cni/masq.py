@@ -1,13 +1,14 @@
 """ipMasq: masquerade pod traffic that leaves the cluster range (nftables).
 
-Each network has one set of pod addresses and one postrouting chain in the
-``ip sluice`` table:
+Each network has its own table, ``ip sluice_<network>``, holding the set of
+its pod addresses and one postrouting chain:
 
-    ip saddr @masq_<network> ip daddr != { <clusterCIDR>, 224.0.0.0/4 } masquerade
+    ip saddr @pods ip daddr != { <clusterCIDR>, 224.0.0.0/4 } masquerade
 
-ADD adds the pod's address to the set (creating table, set and chain in the
-same transaction, so concurrent ADDs are safe); DEL removes it. Pod-to-pod
-traffic stays inside clusterCIDR and keeps its source address.
+ADD adds the pod's address to the set, creating table, set and chain in the
+same transaction, so concurrent ADDs are safe; DEL removes it; GC rebuilds
+the set, or drops the table when no pod is left. Pod-to-pod traffic stays
+inside clusterCIDR and keeps its source address.
 """
 
 from __future__ import annotations
@@ -19,31 +20,44 @@ from collections.abc import Iterable
 
 from cni.errors import ERR_KERNEL, CNIError
 
-TABLE = "sluice"
+TABLE_PREFIX = "sluice_"
+SET = "pods"
+CHAIN = "postrouting"
 MULTICAST = "224.0.0.0/4"
 
 
-def set_name(network: str) -> str:
-    return f"masq_{network}"
+def table_name(network: str) -> str:
+    return f"{TABLE_PREFIX}{network}"
+
+
+def nft_binary() -> str | None:
+    return shutil.which("nft") or shutil.which("nft", path="/usr/sbin:/sbin")
 
 
 def _nft(script: str, what: str) -> subprocess.CompletedProcess[str]:
-    nft = shutil.which("nft") or shutil.which("nft", path="/usr/sbin:/sbin")
+    nft = nft_binary()
     if nft is None:
         raise CNIError(ERR_KERNEL, f"failed to {what}: the nft command is not installed")
-    return subprocess.run([nft, "-f", "-"], input=script, capture_output=True, text=True,
-                          check=False)
+    return subprocess.run(
+        [nft, "-f", "-"], input=script, capture_output=True, text=True, check=False
+    )
+
+
+def _apply(script: str, what: str) -> None:
+    proc = _nft(script, what)
+    if proc.returncode != 0:
+        raise CNIError(ERR_KERNEL, f"failed to {what}: {proc.stderr.strip()}")
 
 
 def _setup(network: str, cluster: ipaddress.IPv4Network) -> str:
-    name = set_name(network)
+    table = table_name(network)
     return (
-        f"add table ip {TABLE}\n"
-        f"add set ip {TABLE} {name} {{ type ipv4_addr; }}\n"
-        f"add chain ip {TABLE} {name} {{ type nat hook postrouting priority srcnat; "
-        f'policy accept; comment "sluice network {network}"; }}\n'
-        f"flush chain ip {TABLE} {name}\n"
-        f"add rule ip {TABLE} {name} ip saddr @{name} "
+        f"add table ip {table}\n"
+        f"add set ip {table} {SET} {{ type ipv4_addr; }}\n"
+        f"add chain ip {table} {CHAIN} {{ type nat hook postrouting priority srcnat; "
+        "policy accept; }\n"
+        f"flush chain ip {table} {CHAIN}\n"
+        f"add rule ip {table} {CHAIN} ip saddr @{SET} "
         f"ip daddr != {{ {cluster}, {MULTICAST} }} masquerade\n"
     )
 
@@ -51,38 +65,30 @@ def _setup(network: str, cluster: ipaddress.IPv4Network) -> str:
 def add(network: str, cluster: ipaddress.IPv4Network, ips: Iterable[str]) -> None:
     elements = ", ".join(ips)
     script = _setup(network, cluster)
-    script += f"add element ip {TABLE} {set_name(network)} {{ {elements} }}\n"
-    proc = _nft(script, "set up masquerading")
-    if proc.returncode != 0:
-        raise CNIError(ERR_KERNEL, f"failed to masquerade {elements} for network "
-                       f"{network!r}: {proc.stderr.strip()}")
+    script += f"add element ip {table_name(network)} {SET} {{ {elements} }}\n"
+    _apply(script, f"masquerade {elements} for network {network!r}")
 
 
 def remove(network: str, ips: Iterable[str]) -> None:
-    """Remove pod addresses from the set; absent ones (or no set at all) are fine."""
+    """Remove pod addresses from the set; absent ones (or no table at all) are fine."""
     for ip in ips:
-        _nft(f"delete element ip {TABLE} {set_name(network)} {{ {ip} }}\n", "remove masquerading")
+        _nft(f"delete element ip {table_name(network)} {SET} {{ {ip} }}\n", "remove masquerading")
 
 
 def contains(network: str, ip: str) -> bool:
-    proc = _nft(f"get element ip {TABLE} {set_name(network)} {{ {ip} }}\n", "read masquerading")
+    proc = _nft(f"get element ip {table_name(network)} {SET} {{ {ip} }}\n", "read masquerading")
     return proc.returncode == 0
 
 
 def replace(network: str, cluster: ipaddress.IPv4Network, ips: Iterable[str]) -> None:
     """Make the set hold exactly ``ips`` (GC), in one transaction."""
     ips = list(ips)
-    script = _setup(network, cluster) + f"flush set ip {TABLE} {set_name(network)}\n"
+    script = _setup(network, cluster) + f"flush set ip {table_name(network)} {SET}\n"
     if ips:
-        script += f"add element ip {TABLE} {set_name(network)} {{ {', '.join(ips)} }}\n"
-    proc = _nft(script, "resynchronise masquerading")
-    if proc.returncode != 0:
-        raise CNIError(ERR_KERNEL, f"failed to resynchronise masquerading for network "
-                       f"{network!r}: {proc.stderr.strip()}")
+        script += f"add element ip {table_name(network)} {SET} {{ {', '.join(ips)} }}\n"
+    _apply(script, f"resynchronise masquerading for network {network!r}")
 
 
 def drop(network: str) -> None:
-    """Remove the network's chain and set (GC with no attachment left)."""
-    name = set_name(network)
-    _nft(f"delete chain ip {TABLE} {name}\n", "remove masquerading")
-    _nft(f"delete set ip {TABLE} {name}\n", "remove masquerading")
+    """Remove the network's table (GC with no attachment left); absent is fine."""
+    _nft(f"delete table ip {table_name(network)}\n", "remove masquerading")

@@ -51,15 +51,17 @@ def load(request: Request) -> NetConf:
 def parse(config: dict[str, Any]) -> NetConf:
     ipam = config.get("ipam")
     if not isinstance(ipam, dict) or not ipam.get("type"):
-        raise CNIError(ERR_INVALID_CONFIG, 'the "ipam" object with a "type" is required, '
-                       f"got {ipam!r}")
+        raise CNIError(
+            ERR_INVALID_CONFIG, f'the "ipam" object with a "type" is required, got {ipam!r}'
+        )
     if not isinstance(ipam["type"], str) or "/" in ipam["type"] or "\\" in ipam["type"]:
         raise CNIError(ERR_INVALID_CONFIG, f'invalid "ipam.type" {ipam["type"]!r}')
 
     policy = config.get("policy", "enforce")
     if policy not in POLICY_MODES:
-        raise CNIError(ERR_INVALID_CONFIG,
-                       f'invalid "policy" {policy!r}: expected one of {list(POLICY_MODES)}')
+        raise CNIError(
+            ERR_INVALID_CONFIG, f'invalid "policy" {policy!r}: expected one of {list(POLICY_MODES)}'
+        )
 
     cluster = config.get("clusterCIDR")
     cluster_cidr = _ipv4_network(cluster, "clusterCIDR") if cluster else _ipam_cidr(ipam)

@@ -35,5 +35,6 @@ def kernel_op(what: str) -> Iterator[None]:
     try:
         yield
     except NetlinkError as err:
-        raise CNIError(ERR_KERNEL, f"failed to {what}: {err.args[1] if len(err.args) > 1 else err}"
-                       ) from None
+        raise CNIError(
+            ERR_KERNEL, f"failed to {what}: {err.args[1] if len(err.args) > 1 else err}"
+        ) from None

@@ -139,8 +139,9 @@ def parse_request(command: str, env: Mapping[str, str], stdin: bytes) -> Request
         raise
 
 
-def _validate(command: str, env: Mapping[str, str], stdin: bytes, config: dict[str, Any],
-              version: str) -> Request:
+def _validate(
+    command: str, env: Mapping[str, str], stdin: bytes, config: dict[str, Any], version: str
+) -> Request:
     versions.require_verb_allowed(command, version)
 
     missing = [name for name in REQUIRED_ENV[command] if not env.get(name)]
@@ -148,18 +149,22 @@ def _validate(command: str, env: Mapping[str, str], stdin: bytes, config: dict[s
         raise CNIError(ERR_INVALID_ENV, f"required environment variables {missing} are missing")
     container_id = env.get("CNI_CONTAINERID", "")
     if container_id and not NAME_PATTERN.match(container_id):
-        raise CNIError(ERR_INVALID_ENV, f"invalid CNI_CONTAINERID {container_id!r}: "
-                       "must match [a-zA-Z0-9][a-zA-Z0-9_.-]*")
+        raise CNIError(
+            ERR_INVALID_ENV,
+            f"invalid CNI_CONTAINERID {container_id!r}: must match [a-zA-Z0-9][a-zA-Z0-9_.-]*",
+        )
     ifname = env.get("CNI_IFNAME", "")
     if ifname:
         validate_ifname(ifname)
 
     network = config.get("name")
     if not network:
-        raise CNIError(ERR_INVALID_CONFIG, "network configuration has no \"name\"")
+        raise CNIError(ERR_INVALID_CONFIG, 'network configuration has no "name"')
     if not isinstance(network, str) or not NAME_PATTERN.match(network):
-        raise CNIError(ERR_INVALID_CONFIG, f"invalid network name {network!r}: "
-                       "must match [a-zA-Z0-9][a-zA-Z0-9_.-]*")
+        raise CNIError(
+            ERR_INVALID_CONFIG,
+            f"invalid network name {network!r}: must match [a-zA-Z0-9][a-zA-Z0-9_.-]*",
+        )
 
     return Request(
         command=command,
@@ -199,13 +204,16 @@ def parse_cni_args(text: str) -> dict[str, str]:
         args[key] = value
     ignore = args.get("IgnoreUnknown", "false").lower()
     if ignore not in ("1", "true", "0", "false"):
-        raise CNIError(ERR_INVALID_ENV,
-                       f"invalid CNI_ARGS IgnoreUnknown={args['IgnoreUnknown']!r}: "
-                       "expected 1, true, 0 or false")
+        raise CNIError(
+            ERR_INVALID_ENV,
+            f"invalid CNI_ARGS IgnoreUnknown={args['IgnoreUnknown']!r}: "
+            "expected 1, true, 0 or false",
+        )
     unknown = sorted(k for k in args if k not in KNOWN_ARGS)
     if unknown and ignore not in ("1", "true"):
-        raise CNIError(ERR_INVALID_ENV, f"unknown CNI_ARGS keys {unknown} "
-                       "(set IgnoreUnknown=1 to ignore them)")
+        raise CNIError(
+            ERR_INVALID_ENV, f"unknown CNI_ARGS keys {unknown} (set IgnoreUnknown=1 to ignore them)"
+        )
     return args
 
 
@@ -224,10 +232,16 @@ def valid_attachments(config: Mapping[str, Any]) -> set[tuple[str, str]]:
         raise CNIError(ERR_DECODE, f'"cni.dev/valid-attachments" must be a list, not {raw!r}')
     valid = set()
     for item in raw:
-        if not (isinstance(item, dict) and isinstance(item.get("containerID"), str)
-                and isinstance(item.get("ifname"), str)):
-            raise CNIError(ERR_DECODE, "each of \"cni.dev/valid-attachments\" needs string "
-                           f'"containerID" and "ifname", got {item!r}')
+        if not (
+            isinstance(item, dict)
+            and isinstance(item.get("containerID"), str)
+            and isinstance(item.get("ifname"), str)
+        ):
+            raise CNIError(
+                ERR_DECODE,
+                'each of "cni.dev/valid-attachments" needs string '
+                f'"containerID" and "ifname", got {item!r}',
+            )
         valid.add((item["containerID"], item["ifname"]))
     return valid
 

@@ -178,8 +178,9 @@ class Result:
         if self.interfaces:
             out["interfaces"] = [_interface_json(i, full) for i in self.interfaces]
         if self.ips:
-            out["ips"] = [_ip_json(ip, with_version=not at_least(version, "1.0.0"))
-                          for ip in self.ips]
+            out["ips"] = [
+                _ip_json(ip, with_version=not at_least(version, "1.0.0")) for ip in self.ips
+            ]
         if self.routes:
             out["routes"] = [_route_json(r, full) for r in self.routes]
         if not self.dns.is_empty():
@@ -196,7 +197,8 @@ class Result:
             if ip.gateway:
                 block["gateway"] = ip.gateway
             routes = [
-                _route_json(r, False) for r in self.routes
+                _route_json(r, False)
+                for r in self.routes
                 if ipaddress.ip_network(r.dst, strict=False).version == family
             ]
             if routes:

@@ -32,8 +32,9 @@ def add_route(ipr: IPRoute, index: int, ifname: str, route: Route) -> None:
     if route.table is not None:
         kwargs["table"] = route.table
     if route.mtu or route.advmss:
-        kwargs["metrics"] = {k: v for k, v in (("RTAX_MTU", route.mtu),
-                                               ("RTAX_ADVMSS", route.advmss)) if v}
+        kwargs["metrics"] = {
+            k: v for k, v in (("RTAX_MTU", route.mtu), ("RTAX_ADVMSS", route.advmss)) if v
+        }
     via = f" via {route.gw}" if route.gw else ""
     with kernel_op(f'add route {route.dst}{via} on "{ifname}"'):
         ipr.route("add", **kwargs)
@@ -53,11 +54,13 @@ def routes(ipr: IPRoute, index: int) -> list[KernelRoute]:
         if table == 255:  # the kernel's local table: not ours
             continue
         dst = msg.get("RTA_DST") or "0.0.0.0"
-        found.append(KernelRoute(
-            dst=str(ipaddress.ip_network(f"{dst}/{msg['dst_len']}", strict=False)),
-            gw=msg.get("RTA_GATEWAY") or "",
-            scope=msg["scope"],
-            table=table,
-            priority=msg.get("RTA_PRIORITY") or 0,
-        ))
+        found.append(
+            KernelRoute(
+                dst=str(ipaddress.ip_network(f"{dst}/{msg['dst_len']}", strict=False)),
+                gw=msg.get("RTA_GATEWAY") or "",
+                scope=msg["scope"],
+                table=table,
+                priority=msg.get("RTA_PRIORITY") or 0,
+            )
+        )
     return found

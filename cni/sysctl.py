@@ -14,5 +14,6 @@ def ensure(key: str, value: str) -> None:
         with open(path, "w") as setting:
             setting.write(value)
     except OSError as err:
-        raise CNIError(ERR_KERNEL, f'failed to set {key}={value} ("{path}"): {err.strerror}') \
-            from None
+        raise CNIError(
+            ERR_KERNEL, f'failed to set {key}={value} ("{path}"): {err.strerror}'
+        ) from None

@@ -49,21 +49,29 @@ class Attachment:
 
 def pod_routes(ipam_routes: list[Route]) -> list[Route]:
     """IPAM routes sent through the gateway, with a default route when none is given."""
-    routes = [Route(dst=r.dst, gw=GATEWAY, mtu=r.mtu, advmss=r.advmss, priority=r.priority,
-                    table=r.table) for r in ipam_routes
-              if ipaddress.ip_network(r.dst, strict=False).version == 4]
+    routes = [
+        Route(dst=r.dst, gw=GATEWAY, mtu=r.mtu, advmss=r.advmss, priority=r.priority, table=r.table)
+        for r in ipam_routes
+        if ipaddress.ip_network(r.dst, strict=False).version == 4
+    ]
     if not any(r.dst == DEFAULT_ROUTE for r in routes):
         routes.insert(0, Route(dst=DEFAULT_ROUTE, gw=GATEWAY))
     return routes
 
 
-def wire(host: IPRoute, pod: IPRoute, netns: Netns, attachment: Attachment, mtu: int,
-         pod_mac: str | None, addresses: list[str], routes: list[Route]) -> tuple[link.Link,
-                                                                               link.Link]:
+def wire(
+    host: IPRoute,
+    pod: IPRoute,
+    netns: Netns,
+    attachment: Attachment,
+    mtu: int,
+    pod_mac: str | None,
+    addresses: list[str],
+    routes: list[Route],
+) -> tuple[link.Link, link.Link]:
     """Create and configure the pair; return the (node-side, pod-side) links."""
     ifname = attachment.ifname
-    link.create_veth(host, attachment.host_name, attachment.alias, ifname, netns.fd, mtu,
-                     pod_mac)
+    link.create_veth(host, attachment.host_name, attachment.alias, ifname, netns.fd, mtu, pod_mac)
     pod_link = link.get_link(pod, ifname)
     host_link = link.get_link(host, attachment.host_name)
     if pod_link is None or host_link is None:
@@ -78,15 +86,17 @@ def wire(host: IPRoute, pod: IPRoute, netns: Netns, attachment: Attachment, mtu:
         route.add_route(pod, pod_link.index, ifname, r)
 
     for cidr in addresses:
-        route.add_host_route(host, host_link.index, attachment.host_name,
-                             str(ipaddress.ip_interface(cidr).ip))
+        route.add_host_route(
+            host, host_link.index, attachment.host_name, str(ipaddress.ip_interface(cidr).ip)
+        )
     return host_link, pod_link
 
 
 def host_routed_ips(host: IPRoute, host_link: link.Link) -> list[str]:
     """Pod addresses the node routes through this veth (its /32 host routes)."""
-    return [r.dst.split("/")[0] for r in route.routes(host, host_link.index)
-            if r.dst.endswith("/32")]
+    return [
+        r.dst.split("/")[0] for r in route.routes(host, host_link.index) if r.dst.endswith("/32")
+    ]
 
 
 def unwire(host: IPRoute, attachment: Attachment) -> list[str]:

@@ -27,11 +27,22 @@ def sh(*command: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 
 
 def cni(bin_dir: Path, command: str, config: dict, container_id: str, netns: str) -> dict:
-    env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin"), "CNI_COMMAND": command,
-           "CNI_CONTAINERID": container_id, "CNI_NETNS": netns, "CNI_IFNAME": "eth0",
-           "CNI_PATH": str(bin_dir)}
-    proc = subprocess.run([bin_dir / "sluice"], input=json.dumps(config), env=env,
-                          capture_output=True, text=True, check=False)
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin"),
+        "CNI_COMMAND": command,
+        "CNI_CONTAINERID": container_id,
+        "CNI_NETNS": netns,
+        "CNI_IFNAME": "eth0",
+        "CNI_PATH": str(bin_dir),
+    }
+    proc = subprocess.run(
+        [bin_dir / "sluice"],
+        input=json.dumps(config),
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if proc.returncode != 0:
         sys.exit(f"CNI {command} failed: {proc.stdout}{proc.stderr}")
     return json.loads(proc.stdout) if proc.stdout.strip() else {}
@@ -48,9 +59,23 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="sluice-demo-"))
     bin_dir, conf_dir = work / "bin", work / "net.d"
     network = f"demo-{uuid.uuid4().hex[:6]}"
-    subprocess.run([ROOT / ".venv" / "bin" / "sluicectl", "install", "--bin-dir", bin_dir,
-                    "--conf-dir", conf_dir, "--name", network, "--subnet", SUBNET,
-                    "--state-dir", work / "state"], check=True)
+    subprocess.run(
+        [
+            ROOT / ".venv" / "bin" / "sluicectl",
+            "install",
+            "--bin-dir",
+            bin_dir,
+            "--conf-dir",
+            conf_dir,
+            "--name",
+            network,
+            "--subnet",
+            SUBNET,
+            "--state-dir",
+            work / "state",
+        ],
+        check=True,
+    )
     conflist = json.loads((conf_dir / "10-sluice.conflist").read_text())
     config = {**conflist["plugins"][0], "name": network, "cniVersion": conflist["cniVersion"]}
 
@@ -70,8 +95,10 @@ def main() -> None:
         print(f"\nnetwork {network!r}, subnet {SUBNET}, plugin {bin_dir / 'sluice'}\n")
         print(f"{'pod':<6}{'address':<18}{'gateway':<14}{'node-side veth':<16}netns")
         for pod in pods:
-            print(f"{pod['name']:<6}{pod['ip']:<18}{pod['gateway']:<14}{pod['veth']:<16}"
-                  f"{pod['netns']}")
+            print(
+                f"{pod['name']:<6}{pod['ip']:<18}{pod['gateway']:<14}{pod['veth']:<16}"
+                f"{pod['netns']}"
+            )
 
         print()
         for source in pods:
@@ -80,26 +107,34 @@ def main() -> None:
                     continue
                 ok = ping(source["netns"], target["ip"].split("/")[0])
                 failures += not ok
-                print(f"pod {source['name']:<4} -> pod {target['name']:<4} "
-                      f"{'ok' if ok else 'FAILED'}")
+                print(
+                    f"pod {source['name']:<4} -> pod {target['name']:<4} {'ok' if ok else 'FAILED'}"
+                )
         for target in pods:
             ok = ping(None, target["ip"].split("/")[0])
             failures += not ok
             print(f"node     -> pod {target['name']:<4} {'ok' if ok else 'FAILED'}")
         print()
-        subprocess.run([ROOT / ".venv" / "bin" / "sluicectl", "status", "--conf",
-                        conf_dir / "10-sluice.conflist", "--bin-dir", bin_dir], check=False)
+        subprocess.run(
+            [
+                ROOT / ".venv" / "bin" / "sluicectl",
+                "status",
+                "--conf",
+                conf_dir / "10-sluice.conflist",
+                "--bin-dir",
+                bin_dir,
+            ],
+            check=False,
+        )
     finally:
         for pod in pods:
             cni(bin_dir, "DEL", config, pod["id"], "")
             sh("ip", "netns", "del", pod["netns"], check=False)
-        subprocess.run(["nft", "delete", "chain", "ip", "sluice", f"masq_{network}"],
-                       capture_output=True, check=False)
-        subprocess.run(["nft", "delete", "set", "ip", "sluice", f"masq_{network}"],
-                       capture_output=True, check=False)
+        subprocess.run(
+            ["nft", "delete", "table", "ip", f"sluice_{network}"], capture_output=True, check=False
+        )
         shutil.rmtree(work, ignore_errors=True)
-    print(f"\nremoved {len(pods)} pods: veths, routes, masquerade entries and addresses "
-          "released")
+    print(f"\nremoved {len(pods)} pods: veths, routes, masquerade entries and addresses released")
     if failures:
         sys.exit(f"{failures} reachability checks failed")
 

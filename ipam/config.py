@@ -50,16 +50,20 @@ def parse(network: str, config: dict[str, Any]) -> NodeCIDRConfig:
         raise CNIError(ERR_INVALID_CONFIG, f'the "ipam" object is required, got {ipam!r}')
     mode = ipam.get("mode", "node-cidr")
     if mode != "node-cidr":
-        raise CNIError(ERR_UNSUPPORTED_FIELD, f'"ipam.mode": {mode!r} is not supported '
-                       '(supported: "node-cidr")')
+        raise CNIError(
+            ERR_UNSUPPORTED_FIELD,
+            f'"ipam.mode": {mode!r} is not supported (supported: "node-cidr")',
+        )
 
     subnet = _subnet(ipam.get("subnet"))
     first, last = subnet[1], subnet[-2]  # network and broadcast are never handed out
     range_start = _address(ipam, "rangeStart", subnet, default=first)
     range_end = _address(ipam, "rangeEnd", subnet, default=last)
     if range_start > range_end:
-        raise CNIError(ERR_INVALID_CONFIG, f'"ipam.rangeStart" {range_start} is after '
-                       f'"ipam.rangeEnd" {range_end}')
+        raise CNIError(
+            ERR_INVALID_CONFIG,
+            f'"ipam.rangeStart" {range_start} is after "ipam.rangeEnd" {range_end}',
+        )
     if "gateway" in ipam and ipam["gateway"] is None:
         gateway = None
     else:
@@ -67,13 +71,16 @@ def parse(network: str, config: dict[str, Any]) -> NodeCIDRConfig:
 
     state_dir = ipam.get("stateDir") or config.get("stateDir") or DEFAULT_STATE_DIR
     if not isinstance(state_dir, str) or not state_dir.startswith("/"):
-        raise CNIError(ERR_INVALID_CONFIG, f'invalid "stateDir" {state_dir!r}: '
-                       "must be an absolute path")
+        raise CNIError(
+            ERR_INVALID_CONFIG, f'invalid "stateDir" {state_dir!r}: must be an absolute path'
+        )
 
     cooldown = ipam.get("cooldownSeconds", DEFAULT_COOLDOWN_SECONDS)
     if isinstance(cooldown, bool) or not isinstance(cooldown, int | float) or cooldown < 0:
-        raise CNIError(ERR_INVALID_CONFIG, f'invalid "ipam.cooldownSeconds" {cooldown!r}: '
-                       "must be a number of seconds, 0 or more")
+        raise CNIError(
+            ERR_INVALID_CONFIG,
+            f'invalid "ipam.cooldownSeconds" {cooldown!r}: must be a number of seconds, 0 or more',
+        )
 
     parsed = NodeCIDRConfig(
         network=network,
@@ -86,8 +93,10 @@ def parse(network: str, config: dict[str, Any]) -> NodeCIDRConfig:
         state_dir=state_dir,
     )
     if parsed.size < 1:
-        raise CNIError(ERR_INVALID_CONFIG, f"range {range_start}-{range_end} of {subnet} "
-                       "leaves no address to hand out")
+        raise CNIError(
+            ERR_INVALID_CONFIG,
+            f"range {range_start}-{range_end} of {subnet} leaves no address to hand out",
+        )
     return parsed
 
 
@@ -101,24 +110,29 @@ def _subnet(value: Any) -> ipaddress.IPv4Network:
     if not isinstance(subnet, ipaddress.IPv4Network):
         raise CNIError(ERR_UNSUPPORTED_FIELD, f'"ipam.subnet": {value!r}: only IPv4 is supported')
     if subnet.prefixlen > 30:
-        raise CNIError(ERR_INVALID_CONFIG, f'"ipam.subnet" {value!r} is too small to allocate '
-                       "from (at most /30)")
+        raise CNIError(
+            ERR_INVALID_CONFIG,
+            f'"ipam.subnet" {value!r} is too small to allocate from (at most /30)',
+        )
     return subnet
 
 
-def _address(ipam: dict[str, Any], key: str, subnet: ipaddress.IPv4Network,
-             default: ipaddress.IPv4Address) -> ipaddress.IPv4Address:
+def _address(
+    ipam: dict[str, Any], key: str, subnet: ipaddress.IPv4Network, default: ipaddress.IPv4Address
+) -> ipaddress.IPv4Address:
     value = ipam.get(key)
     if value is None:
         return default
     try:
         address = ipaddress.IPv4Address(value)
     except ValueError:
-        raise CNIError(ERR_INVALID_CONFIG, f'invalid "ipam.{key}" {value!r}: '
-                       "not an IPv4 address") from None
+        raise CNIError(
+            ERR_INVALID_CONFIG, f'invalid "ipam.{key}" {value!r}: not an IPv4 address'
+        ) from None
     if address not in subnet or address in (subnet.network_address, subnet.broadcast_address):
-        raise CNIError(ERR_INVALID_CONFIG, f'"ipam.{key}" {value} is not a usable address '
-                       f"of {subnet}")
+        raise CNIError(
+            ERR_INVALID_CONFIG, f'"ipam.{key}" {value} is not a usable address of {subnet}'
+        )
     return address
 
 

@@ -53,8 +53,13 @@ class NodeCIDRAllocator:
         self.close()
 
     def _allocation(self, row: AllocationRow) -> Allocation:
-        return Allocation(ipaddress.IPv4Address(row.ip), self.config.subnet.prefixlen,
-                          row.container_id, row.ifname, row.allocated_at)
+        return Allocation(
+            ipaddress.IPv4Address(row.ip),
+            self.config.subnet.prefixlen,
+            row.container_id,
+            row.ifname,
+            row.allocated_at,
+        )
 
     def _candidates(self) -> Iterable[ipaddress.IPv4Address]:
         gateway = self.config.gateway
@@ -63,8 +68,9 @@ class NodeCIDRAllocator:
             if address != gateway:
                 yield address
 
-    def allocate(self, container_id: str, ifname: str, pod_namespace: str = "",
-                 pod_name: str = "") -> tuple[Allocation, bool]:
+    def allocate(
+        self, container_id: str, ifname: str, pod_namespace: str = "", pod_name: str = ""
+    ) -> tuple[Allocation, bool]:
         """The attachment's address, allocating one if it has none; True if new."""
         with self.store.transaction():
             existing = self.store.allocation_for(container_id, ifname)
@@ -74,30 +80,43 @@ class NodeCIDRAllocator:
             self.store.forget_cooled(now - self.config.cooldown_seconds)
             taken = {row.ip for row in self.store.allocations()}
             cooling = self.store.cooling()
-            chosen = next((a for a in self._candidates()
-                           if str(a) not in taken and str(a) not in cooling), None)
+            chosen = next(
+                (a for a in self._candidates() if str(a) not in taken and str(a) not in cooling),
+                None,
+            )
             if chosen is None:
                 chosen = self._longest_cooled(cooling, taken)
             row = AllocationRow(str(chosen), container_id, ifname, now, pod_namespace, pod_name)
             self.store.insert_allocation(row)
         return self._allocation(row), True
 
-    def _longest_cooled(self, cooling: dict[str, float],
-                        taken: set[str]) -> ipaddress.IPv4Address:
-        in_range = [(released, ip) for ip, released in cooling.items()
-                    if ip not in taken and self._in_range(ipaddress.IPv4Address(ip))]
+    def _longest_cooled(self, cooling: dict[str, float], taken: set[str]) -> ipaddress.IPv4Address:
+        in_range = [
+            (released, ip)
+            for ip, released in cooling.items()
+            if ip not in taken and self._in_range(ipaddress.IPv4Address(ip))
+        ]
         if not in_range:
-            raise CNIError(ERR_NO_ADDRESS, f"no address left in {self.config.subnet} "
-                           f"(range {self.config.range_start}-{self.config.range_end}): "
-                           f"all {self.config.size} are allocated")
+            raise CNIError(
+                ERR_NO_ADDRESS,
+                f"no address left in {self.config.subnet} "
+                f"(range {self.config.range_start}-{self.config.range_end}): "
+                f"all {self.config.size} are allocated",
+            )
         released, ip = min(in_range)
-        log.warning("only cooling addresses are left in %s: reusing %s, released %.0f s ago",
-                    self.config.subnet, ip, time.time() - released)
+        log.warning(
+            "only cooling addresses are left in %s: reusing %s, released %.0f s ago",
+            self.config.subnet,
+            ip,
+            time.time() - released,
+        )
         return ipaddress.IPv4Address(ip)
 
     def _in_range(self, address: ipaddress.IPv4Address) -> bool:
-        return (self.config.range_start <= address <= self.config.range_end
-                and address != self.config.gateway)
+        return (
+            self.config.range_start <= address <= self.config.range_end
+            and address != self.config.gateway
+        )
 
     def find(self, container_id: str, ifname: str) -> Allocation | None:
         row = self.store.allocation_for(container_id, ifname)
@@ -113,8 +132,11 @@ class NodeCIDRAllocator:
     def gc(self, valid: set[tuple[str, str]]) -> list[Allocation]:
         """Release every allocation whose (container id, ifname) is not in ``valid``."""
         with self.store.transaction():
-            stale = [row for row in self.store.allocations()
-                     if (row.container_id, row.ifname) not in valid]
+            stale = [
+                row
+                for row in self.store.allocations()
+                if (row.container_id, row.ifname) not in valid
+            ]
             now = time.time()
             for row in stale:
                 self.store.release(row, now)
@@ -125,6 +147,7 @@ class NodeCIDRAllocator:
 
     def available(self) -> int:
         """Addresses an ADD could get now, cooling ones included (they are reused last)."""
-        taken = sum(1 for row in self.store.allocations()
-                    if self._in_range(ipaddress.IPv4Address(row.ip)))
+        taken = sum(
+            1 for row in self.store.allocations() if self._in_range(ipaddress.IPv4Address(row.ip))
+        )
         return self.config.size - taken

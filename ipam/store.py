@@ -82,8 +82,11 @@ class Store:
         if version == SCHEMA_VERSION:
             return
         if version > SCHEMA_VERSION:
-            raise CNIError(ERR_STORE, f'IPAM store "{self.path}" has format {version}, newer '
-                           f"than this sluice understands ({SCHEMA_VERSION})")
+            raise CNIError(
+                ERR_STORE,
+                f'IPAM store "{self.path}" has format {version}, newer '
+                f"than this sluice understands ({SCHEMA_VERSION})",
+            )
         with self.transaction():
             (version,) = self.db.execute("PRAGMA user_version").fetchone()
             if version == 0:
@@ -108,22 +111,25 @@ class Store:
         try:
             self.db.execute("COMMIT")
         except sqlite3.Error as err:
-            raise CNIError(ERR_STORE, f'failed to commit to IPAM store "{self.path}": {err}') \
-                from None
+            raise CNIError(
+                ERR_STORE, f'failed to commit to IPAM store "{self.path}": {err}'
+            ) from None
 
     # -- reads (inside or outside a transaction) ------------------------------
 
     def allocations(self) -> list[AllocationRow]:
         rows = self.db.execute(
             "SELECT ip, container_id, ifname, allocated_at, pod_namespace, pod_name "
-            "FROM allocations").fetchall()
+            "FROM allocations"
+        ).fetchall()
         return [AllocationRow(*row) for row in rows]
 
     def allocation_for(self, container_id: str, ifname: str) -> AllocationRow | None:
         row = self.db.execute(
             "SELECT ip, container_id, ifname, allocated_at, pod_namespace, pod_name "
             "FROM allocations WHERE container_id = ? AND ifname = ?",
-            (container_id, ifname)).fetchone()
+            (container_id, ifname),
+        ).fetchone()
         return AllocationRow(*row) if row else None
 
     def cooling(self) -> dict[str, float]:
@@ -132,14 +138,24 @@ class Store:
     # -- writes (inside a transaction) ----------------------------------------
 
     def insert_allocation(self, row: AllocationRow) -> None:
-        self.db.execute("INSERT INTO allocations VALUES (?, ?, ?, ?, ?, ?)",
-                        (row.ip, row.container_id, row.ifname, row.allocated_at,
-                         row.pod_namespace, row.pod_name))
+        self.db.execute(
+            "INSERT INTO allocations VALUES (?, ?, ?, ?, ?, ?)",
+            (
+                row.ip,
+                row.container_id,
+                row.ifname,
+                row.allocated_at,
+                row.pod_namespace,
+                row.pod_name,
+            ),
+        )
         self.db.execute("DELETE FROM cooling WHERE ip = ?", (row.ip,))
 
     def release(self, row: AllocationRow, released_at: float) -> None:
-        self.db.execute("DELETE FROM allocations WHERE ip = ? AND container_id = ? AND ifname = ?",
-                        (row.ip, row.container_id, row.ifname))
+        self.db.execute(
+            "DELETE FROM allocations WHERE ip = ? AND container_id = ? AND ifname = ?",
+            (row.ip, row.container_id, row.ifname),
+        )
         self.db.execute("INSERT OR REPLACE INTO cooling VALUES (?, ?)", (row.ip, released_at))
 
     def forget_cooled(self, before: float) -> None:

@@ -36,8 +36,11 @@ def bin_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A CNI plugin directory as a node has it: sluice's launchers and the reference plugins."""
     path = tmp_path_factory.mktemp("cni-bin")
     conf = tmp_path_factory.mktemp("cni-conf")
-    subprocess.run([VENV_BIN / "sluicectl", "install", "--bin-dir", path, "--conf-dir", conf],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [VENV_BIN / "sluicectl", "install", "--bin-dir", path, "--conf-dir", conf],
+        check=True,
+        capture_output=True,
+    )
     for plugin in REFERENCE_PLUGINS.iterdir():
         (path / plugin.name).symlink_to(plugin)
     return path
@@ -77,7 +80,8 @@ def nothing_left_behind() -> Iterator[None]:
     links = leftover_links(TEST_NETWORK_PREFIX)
     chains = [n for n in sluice_networks() if n.startswith(TEST_NETWORK_PREFIX)]
     assert not (netns or links or chains), (
-        f"left behind: netns {netns}, veths {links}, nftables chains {chains}")
+        f"left behind: netns {netns}, veths {links}, nftables chains {chains}"
+    )
 
 
 def write_json(path: Path, data: object) -> Path:

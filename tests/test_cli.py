@@ -13,15 +13,30 @@ SLUICECTL = ROOT / ".venv" / "bin" / "sluicectl"
 
 
 def sluicectl(*args: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([SLUICECTL, *map(str, args)], capture_output=True, text=True,
-                          timeout=60, check=False)
+    return subprocess.run(
+        [SLUICECTL, *map(str, args)], capture_output=True, text=True, timeout=60, check=False
+    )
 
 
 def test_install_writes_launchers_and_a_conflist(tmp_path: Path) -> None:
     bin_dir, conf_dir = tmp_path / "bin", tmp_path / "net.d"
-    proc = sluicectl("install", "--bin-dir", bin_dir, "--conf-dir", conf_dir,
-                     "--subnet", "10.244.3.0/24", "--name", "kind", "--cni-version", "1.0.0",
-                     "--state-dir", tmp_path / "state", "--chain", "portmap")
+    proc = sluicectl(
+        "install",
+        "--bin-dir",
+        bin_dir,
+        "--conf-dir",
+        conf_dir,
+        "--subnet",
+        "10.244.3.0/24",
+        "--name",
+        "kind",
+        "--cni-version",
+        "1.0.0",
+        "--state-dir",
+        tmp_path / "state",
+        "--chain",
+        "portmap",
+    )
     assert proc.returncode == 0, proc.stderr
     for executable in ("sluice", "sluice-ipam"):
         launcher = bin_dir / executable
@@ -42,15 +57,25 @@ def test_install_writes_launchers_and_a_conflist(tmp_path: Path) -> None:
 
 
 def test_install_rejects_a_bad_subnet(tmp_path: Path) -> None:
-    proc = sluicectl("install", "--bin-dir", tmp_path, "--conf-dir", tmp_path,
-                     "--subnet", "10.1.2.3/24")
+    proc = sluicectl(
+        "install", "--bin-dir", tmp_path, "--conf-dir", tmp_path, "--subnet", "10.1.2.3/24"
+    )
     assert proc.returncode == 2 and "10.1.2.3/24" in proc.stderr
 
 
 def test_status_reports_a_usable_install(tmp_path: Path) -> None:
     bin_dir, conf_dir = tmp_path / "bin", tmp_path / "net.d"
-    sluicectl("install", "--bin-dir", bin_dir, "--conf-dir", conf_dir,
-              "--subnet", "10.244.4.0/24", "--state-dir", tmp_path / "state")
+    sluicectl(
+        "install",
+        "--bin-dir",
+        bin_dir,
+        "--conf-dir",
+        conf_dir,
+        "--subnet",
+        "10.244.4.0/24",
+        "--state-dir",
+        tmp_path / "state",
+    )
     conf = conf_dir / "10-sluice.conflist"
     proc = sluicectl("status", "--conf", conf, "--bin-dir", bin_dir)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -67,7 +92,16 @@ def test_status_reports_a_usable_install(tmp_path: Path) -> None:
 
 def test_status_reports_why_an_add_would_fail(tmp_path: Path) -> None:
     bin_dir, conf_dir = tmp_path / "bin", tmp_path / "net.d"
-    sluicectl("install", "--bin-dir", bin_dir, "--conf-dir", conf_dir, "--policy", "enforce",
-              "--state-dir", tmp_path / "state")
+    sluicectl(
+        "install",
+        "--bin-dir",
+        bin_dir,
+        "--conf-dir",
+        conf_dir,
+        "--policy",
+        "enforce",
+        "--state-dir",
+        tmp_path / "state",
+    )
     proc = sluicectl("status", "--conf", conf_dir / "10-sluice.conflist", "--bin-dir", bin_dir)
     assert proc.returncode == 1 and "code 50" in proc.stdout and "agent" in proc.stdout

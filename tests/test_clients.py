@@ -37,16 +37,27 @@ def cnitool(network: Network, tmp_path: Path) -> Iterator[Any]:
         pytest.skip("cnitool is not installed (make tools installs it from the Go proxy)")
     conf_dir = tmp_path / "net.d"
     conf_dir.mkdir()
+    cache_existed = CNI_CACHE.parent.exists()
 
-    def run(command: str, netns: str, conflist: dict[str, Any], cap_args: Any = None,
-            check: bool = True) -> subprocess.CompletedProcess[str]:
+    def run(
+        command: str, netns: str, conflist: dict[str, Any], cap_args: Any = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
         (conf_dir / "10-test.conflist").write_text(json.dumps(conflist))
-        env = {"PATH": os.environ["PATH"], "NETCONFPATH": str(conf_dir),
-               "CNI_PATH": str(network.bin_dir)}
+        env = {
+            "PATH": os.environ["PATH"],
+            "NETCONFPATH": str(conf_dir),
+            "CNI_PATH": str(network.bin_dir),
+        }
         if cap_args is not None:
             env["CAP_ARGS"] = json.dumps(cap_args)
-        proc = subprocess.run([binary, command, network.name, netns], env=env,
-                              capture_output=True, text=True, timeout=60, check=False)
+        proc = subprocess.run(
+            [binary, command, network.name, netns],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         if check:
             assert proc.returncode == 0, f"cnitool {command}: {proc.stdout} {proc.stderr}"
         return proc
@@ -56,18 +67,41 @@ def cnitool(network: Network, tmp_path: Path) -> Iterator[Any]:
     finally:
         for entry in CNI_CACHE.glob(f"{network.name}-*"):
             entry.unlink()
+        if not cache_existed:  # libcni created /var/lib/cni for us: take it away again
+            shutil.rmtree(CNI_CACHE.parent, ignore_errors=True)
 
 
-def conflist(network: Network, version: str, *chained: dict[str, Any],
-             **plugin: Any) -> dict[str, Any]:
+@pytest.fixture
+def nat_tables_restored() -> Iterator[None]:
+    """portmap (through iptables-nft) creates the nat tables and never removes them."""
+
+    def tables() -> set[str]:
+        out = subprocess.run(
+            ["nft", "list", "tables"], capture_output=True, text=True, check=True
+        ).stdout
+        return {line.removeprefix("table ").strip() for line in out.splitlines()}
+
+    before = tables()
+    try:
+        yield
+    finally:
+        for table in tables() - before:
+            if table in ("ip nat", "ip6 nat", "ip filter", "ip6 filter"):
+                subprocess.run(["nft", "delete", "table", *table.split()], check=False)
+
+
+def conflist(
+    network: Network, version: str, *chained: dict[str, Any], **plugin: Any
+) -> dict[str, Any]:
     sluice = network.config(version, **plugin)
     for key in ("cniVersion", "name"):
         del sluice[key]
     return {"cniVersion": version, "name": network.name, "plugins": [sluice, *chained]}
 
 
-def test_cnitool_add_check_status_del_gc(network: Network, pods: PodNamespaces,
-                                         cnitool: Any) -> None:
+def test_cnitool_add_check_status_del_gc(
+    network: Network, pods: PodNamespaces, cnitool: Any
+) -> None:
     config = conflist(network, "1.1.0")
     ns_a, ns_b = pods.new(), pods.new()
     result = json.loads(cnitool("add", ns_a, config).stdout)
@@ -90,19 +124,23 @@ def test_cnitool_add_check_status_del_gc(network: Network, pods: PodNamespaces,
     assert network.masqueraded() == set()
 
 
-def test_cnitool_passes_capability_args(network: Network, pods: PodNamespaces,
-                                        cnitool: Any) -> None:
+def test_cnitool_passes_capability_args(
+    network: Network, pods: PodNamespaces, cnitool: Any
+) -> None:
     config = conflist(network, "1.1.0", capabilities={"mac": True})
     netns = pods.new()
-    result = json.loads(cnitool("add", netns, config, cap_args={"mac": "02:aa:bb:cc:dd:ee"})
-                        .stdout)
+    result = json.loads(cnitool("add", netns, config, cap_args={"mac": "02:aa:bb:cc:dd:ee"}).stdout)
     assert result["interfaces"][1]["mac"] == "02:aa:bb:cc:dd:ee"
     cnitool("del", netns, config, cap_args={"mac": "02:aa:bb:cc:dd:ee"})
 
 
 def node_address() -> str:
-    out = subprocess.run(["ip", "-4", "-o", "addr", "show", "scope", "global"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["ip", "-4", "-o", "addr", "show", "scope", "global"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return out.split()[3].split("/")[0]
 
 
@@ -119,27 +157,40 @@ conn.close()
 """
 
 
-def test_chain_with_portmap_and_bandwidth(network: Network, pods: PodNamespaces,
-                                          cnitool: Any) -> None:
-    config = conflist(network, "1.0.0",
-                      {"type": "portmap", "capabilities": {"portMappings": True}},
-                      {"type": "bandwidth", "capabilities": {"bandwidth": True}})
+@pytest.mark.usefixtures("nat_tables_restored")
+def test_chain_with_portmap_and_bandwidth(
+    network: Network, pods: PodNamespaces, cnitool: Any
+) -> None:
+    config = conflist(
+        network,
+        "1.0.0",
+        {"type": "portmap", "capabilities": {"portMappings": True}},
+        {"type": "bandwidth", "capabilities": {"bandwidth": True}},
+    )
     host_port = 30000 + os.getpid() % 20000
     cap_args = {
         "portMappings": [{"hostPort": host_port, "containerPort": 8080, "protocol": "tcp"}],
-        "bandwidth": {"ingressRate": 100_000_000, "ingressBurst": 1_000_000,
-                      "egressRate": 100_000_000, "egressBurst": 1_000_000},
+        "bandwidth": {
+            "ingressRate": 100_000_000,
+            "ingressBurst": 1_000_000,
+            "egressRate": 100_000_000,
+            "egressBurst": 1_000_000,
+        },
     }
     netns = pods.new()
     result = json.loads(cnitool("add", netns, config, cap_args=cap_args).stdout)
     host_veth = result["interfaces"][0]["name"]
     # bandwidth shapes the node-side veth it found in sluice's result.
-    qdiscs = subprocess.run(["tc", "qdisc", "show", "dev", host_veth], capture_output=True,
-                            text=True, check=True).stdout
+    qdiscs = subprocess.run(
+        ["tc", "qdisc", "show", "dev", host_veth], capture_output=True, text=True, check=True
+    ).stdout
     assert "tbf" in qdiscs or "ingress" in qdiscs, qdiscs
 
-    server = subprocess.Popen(["ip", "netns", "exec", Path(netns).name, "/usr/bin/python3",
-                               "-c", TCP_ECHO], stdout=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        ["ip", "netns", "exec", Path(netns).name, "/usr/bin/python3", "-c", TCP_ECHO],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert server.stdout is not None and server.stdout.readline().strip() == "ready"
         reply = b""
@@ -158,19 +209,30 @@ def test_chain_with_portmap_and_bandwidth(network: Network, pods: PodNamespaces,
     # pod ("could not check ipv6 dnat: chain CNI-DN-… not found").
     cnitool("del", netns, config, cap_args=cap_args)
     assert network.veths() == [] and network.allocations() == {}
-    rules = subprocess.run(["iptables-save", "-t", "nat"], capture_output=True, text=True,
-                           check=True).stdout
+    rules = subprocess.run(
+        ["iptables-save", "-t", "nat"], capture_output=True, text=True, check=True
+    ).stdout
     assert f"dport {host_port}" not in rules and f"--dport {host_port}" not in rules
 
 
 def test_ptp_with_sluice_ipam(network: Network, pods: PodNamespaces) -> None:
     """Debian's ptp delegates its addresses to sluice-ipam instead of host-local."""
-    config = {"cniVersion": "1.0.0", "name": network.name, "type": "ptp", "ipMasq": False,
-              "ipam": {"type": "sluice-ipam", "subnet": network.subnet,
-                       "stateDir": str(network.state_dir), "routes": [{"dst": "0.0.0.0/0"}]}}
+    config = {
+        "cniVersion": "1.0.0",
+        "name": network.name,
+        "type": "ptp",
+        "ipMasq": False,
+        "ipam": {
+            "type": "sluice-ipam",
+            "subnet": network.subnet,
+            "stateDir": str(network.state_dir),
+            "routes": [{"dst": "0.0.0.0/0"}],
+        },
+    }
     netns = pods.new()
-    run = network.run("ADD", config, plugin="ptp", container_id="p1", netns=netns,
-                      ifname="eth0").ok()
+    run = network.run(
+        "ADD", config, plugin="ptp", container_id="p1", netns=netns, ifname="eth0"
+    ).ok()
     address = run.out["ips"][0]["address"]
     gateway = run.out["ips"][0]["gateway"]
     assert address.endswith("/24") and gateway == network.subnet.replace(".0/24", ".1")
@@ -178,8 +240,6 @@ def test_ptp_with_sluice_ipam(network: Network, pods: PodNamespaces) -> None:
     assert ping(netns, gateway)
     assert address in in_netns(netns, "ip", "-4", "addr", "show", "eth0").stdout
     check = dict(config, prevResult=run.out)
-    network.run("CHECK", check, plugin="ptp", container_id="p1", netns=netns,
-                ifname="eth0").ok()
-    network.run("DEL", config, plugin="ptp", container_id="p1", netns=netns,
-                ifname="eth0").ok()
+    network.run("CHECK", check, plugin="ptp", container_id="p1", netns=netns, ifname="eth0").ok()
+    network.run("DEL", config, plugin="ptp", container_id="p1", netns=netns, ifname="eth0").ok()
     assert network.allocations() == {}

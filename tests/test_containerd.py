@@ -59,16 +59,28 @@ class SluiceNetwork(CniNetwork):
             # containerd 1.6's libcni knows result versions up to 1.0.0.
             "cniVersion": "1.0.0",
             "name": name,
-            "plugins": [{
-                "type": "sluice",
-                "policy": "off",
-                "stateDir": str(self.state_dir),
-                "ipam": {"type": "sluice-ipam", "subnet": str(subnet)},
-            }],
+            "plugins": [
+                {
+                    "type": "sluice",
+                    "policy": "off",
+                    "stateDir": str(self.state_dir),
+                    "ipam": {"type": "sluice-ipam", "subnet": str(subnet)},
+                }
+            ],
         }
         super().__init__(name, conflist, workdir, subnet)
-        subprocess.run([VENV_BIN / "sluicectl", "install", "--bin-dir", self.bin_dir,
-                        "--conf-dir", workdir / "unused-conf"], check=True, capture_output=True)
+        subprocess.run(
+            [
+                VENV_BIN / "sluicectl",
+                "install",
+                "--bin-dir",
+                self.bin_dir,
+                "--conf-dir",
+                workdir / "unused-conf",
+            ],
+            check=True,
+            capture_output=True,
+        )
         self.system_plugins = (self.bin_dir / "sluice", self.bin_dir / "sluice-ipam")
         self.link_plugins(DEBIAN_CNI / p for p in ("loopback", "portmap"))
         self.store = Network(name, str(subnet), self.state_dir, self.bin_dir)

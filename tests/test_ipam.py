@@ -22,10 +22,13 @@ from ipam.nodecidr import NodeCIDRAllocator
 from ipam.store import SCHEMA_VERSION, store_path
 
 
-def make_config(tmp_path: Path, subnet: str = "10.9.0.0/24", **ipam: object
-                ) -> ipam_config.NodeCIDRConfig:
-    return ipam_config.parse("net1", {"stateDir": str(tmp_path),
-                                      "ipam": {"type": "sluice-ipam", "subnet": subnet, **ipam}})
+def make_config(
+    tmp_path: Path, subnet: str = "10.9.0.0/24", **ipam: object
+) -> ipam_config.NodeCIDRConfig:
+    return ipam_config.parse(
+        "net1",
+        {"stateDir": str(tmp_path), "ipam": {"type": "sluice-ipam", "subnet": subnet, **ipam}},
+    )
 
 
 def ips(allocator: NodeCIDRAllocator) -> list[str]:
@@ -44,12 +47,15 @@ def test_lowest_free_address_first_skipping_network_gateway_broadcast(tmp_path: 
 
 
 def test_range_and_gateway_are_honoured(tmp_path: Path) -> None:
-    config = make_config(tmp_path, rangeStart="10.9.0.10", rangeEnd="10.9.0.12",
-                         gateway="10.9.0.11")
+    config = make_config(
+        tmp_path, rangeStart="10.9.0.10", rangeEnd="10.9.0.12", gateway="10.9.0.11"
+    )
     assert config.size == 2
     with NodeCIDRAllocator.open(config) as allocator:
-        assert [str(allocator.allocate(c, "eth0")[0].ip) for c in "ab"] == ["10.9.0.10",
-                                                                           "10.9.0.12"]
+        assert [str(allocator.allocate(c, "eth0")[0].ip) for c in "ab"] == [
+            "10.9.0.10",
+            "10.9.0.12",
+        ]
         allocation = allocator.find("a", "eth0")
         assert allocation is not None and allocation.cidr == "10.9.0.10/24"
 
@@ -84,7 +90,8 @@ def test_cooldown_survives_a_restart(tmp_path: Path) -> None:
 
 
 def test_longest_cooled_address_is_reused_when_nothing_else_is_left(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     with NodeCIDRAllocator.open(make_config(tmp_path, "10.9.0.0/29")) as allocator:
         for i in range(5):
             allocator.allocate(f"c{i}", "eth0")
@@ -144,10 +151,12 @@ while rounds < 0 or i < rounds:
 
 
 def start_worker(tmp_path: Path, name: str, rounds: int, keep: bool) -> subprocess.Popen[str]:
-    script = WORKER.format(root=str(Path(__file__).resolve().parent.parent),
-                           state=str(tmp_path))
-    return subprocess.Popen([sys.executable, "-c", script, name, str(rounds),
-                             "keep" if keep else "churn"], stdout=subprocess.PIPE, text=True)
+    script = WORKER.format(root=str(Path(__file__).resolve().parent.parent), state=str(tmp_path))
+    return subprocess.Popen(
+        [sys.executable, "-c", script, name, str(rounds), "keep" if keep else "churn"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_concurrent_processes_never_share_an_address(tmp_path: Path) -> None:
@@ -169,8 +178,7 @@ def test_concurrent_processes_never_share_an_address(tmp_path: Path) -> None:
 def test_sigkill_at_any_point_loses_nothing_committed(tmp_path: Path) -> None:
     config = make_config(tmp_path, "10.9.0.0/22", cooldownSeconds=0)
     for round_ in range(6):
-        workers = [start_worker(tmp_path, f"r{round_}w{i}", -1, keep=bool(i % 2))
-                   for i in range(4)]
+        workers = [start_worker(tmp_path, f"r{round_}w{i}", -1, keep=bool(i % 2)) for i in range(4)]
         time.sleep(random.uniform(0.2, 0.8))
         for proc in workers:
             proc.send_signal(signal.SIGKILL)

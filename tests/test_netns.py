@@ -12,11 +12,13 @@ from cni.netns import Netns, NetnsGone, NotANetns
 from tests.support.cni_run import PodNamespaces, in_netns
 
 
-def test_pod_socket_opens_without_forking(pods: PodNamespaces,
-                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_pod_socket_opens_without_forking(
+    pods: PodNamespaces, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = pods.new()
-    in_netns(path, "ip", "link", "add", "probe0", "type", "veth", "peer", "name", "probe1",
-             check=True)
+    in_netns(
+        path, "ip", "link", "add", "probe0", "type", "veth", "peer", "name", "probe1", check=True
+    )
 
     def no_fork() -> int:
         raise AssertionError("a helper process was forked")

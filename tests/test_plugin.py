@@ -35,15 +35,23 @@ def pod_ip(result: dict[str, Any]) -> str:
 
 
 def node_address() -> str:
-    out = subprocess.run(["ip", "-4", "-o", "addr", "show", "scope", "global"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["ip", "-4", "-o", "addr", "show", "scope", "global"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return out.split()[3].split("/")[0]
 
 
 def link_json(netns: str | None, name: str) -> dict[str, Any]:
     prefix = ["-n", Path(netns).name] if netns else []
-    out = subprocess.run(["ip", "-j", *prefix, "-d", "link", "show", name],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["ip", "-j", *prefix, "-d", "link", "show", name],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return json.loads(out)[0]
 
 
@@ -51,8 +59,9 @@ def link_json(netns: str | None, name: str) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("version", SUPPORTED)
-def test_add_result_in_each_spec_version(network: Network, pods: PodNamespaces,
-                                         version: str) -> None:
+def test_add_result_in_each_spec_version(
+    network: Network, pods: PodNamespaces, version: str
+) -> None:
     netns = pods.new()
     result = network.add(netns, "c1", config=network.config(version))
     assert result["cniVersion"] == version
@@ -99,27 +108,27 @@ def test_add_wires_the_pod(network: Network, pods: PodNamespaces) -> None:
     assert f"{network.subnet} " not in routes  # no on-link subnet route
     neigh = in_netns(netns, "ip", "neigh", "show", GATEWAY).stdout
     assert HOST_MAC in neigh and "PERMANENT" in neigh
-    host_routes = subprocess.run(["ip", "route", "show", f"{address}/32"], capture_output=True,
-                                 text=True, check=True).stdout
+    host_routes = subprocess.run(
+        ["ip", "route", "show", f"{address}/32"], capture_output=True, text=True, check=True
+    ).stdout
     assert f"dev {host_name}" in host_routes
     assert network.allocations() == {("c1", "eth0"): address}
     assert network.masqueraded() == {address}
     network.delete(netns, "c1").ok()
 
 
-def test_mtu_defaults_to_the_default_route_interface(network: Network,
-                                                     pods: PodNamespaces) -> None:
+def test_mtu_defaults_to_the_default_route_interface(network: Network, pods: PodNamespaces) -> None:
     netns = pods.new()
-    out = subprocess.run(["ip", "-j", "route", "show", "default"], capture_output=True,
-                         text=True, check=True).stdout
+    out = subprocess.run(
+        ["ip", "-j", "route", "show", "default"], capture_output=True, text=True, check=True
+    ).stdout
     uplink = json.loads(out)[0]["dev"]
     result = network.add(netns, "c1")
     assert result["interfaces"][1]["mtu"] == link_json(None, uplink)["mtu"]
     network.delete(netns, "c1").ok()
 
 
-def test_node_and_pods_reach_each_other_without_nat(network: Network,
-                                                    pods: PodNamespaces) -> None:
+def test_node_and_pods_reach_each_other_without_nat(network: Network, pods: PodNamespaces) -> None:
     ns_a, ns_b = pods.new(), pods.new()
     ip_a = pod_ip(network.add(ns_a, "a"))
     ip_b = pod_ip(network.add(ns_b, "b"))
@@ -138,8 +147,10 @@ def external_host(pods: PodNamespaces) -> Any:
     netns = pods.new()
     name = Path(netns).name
     node_end = f"slx{os.urandom(3).hex()}"
-    subprocess.run(["ip", "link", "add", node_end, "type", "veth", "peer", "name", "ext0",
-                    "netns", name], check=True)
+    subprocess.run(
+        ["ip", "link", "add", node_end, "type", "veth", "peer", "name", "ext0", "netns", name],
+        check=True,
+    )
     try:
         subprocess.run(["ip", "addr", "add", "198.51.100.1/24", "dev", node_end], check=True)
         subprocess.run(["ip", "link", "set", node_end, "up"], check=True)
@@ -152,8 +163,9 @@ def external_host(pods: PodNamespaces) -> Any:
         subprocess.run(["ip", "link", "del", node_end], check=False, capture_output=True)
 
 
-def test_ip_masq_only_for_traffic_leaving_the_cluster(network: Network, pods: PodNamespaces,
-                                                      external_host: str) -> None:
+def test_ip_masq_only_for_traffic_leaving_the_cluster(
+    network: Network, pods: PodNamespaces, external_host: str
+) -> None:
     ns_a, ns_b = pods.new(), pods.new()
     ip_a = pod_ip(network.add(ns_a, "a"))
     ip_b = pod_ip(network.add(ns_b, "b"))
@@ -165,8 +177,9 @@ def test_ip_masq_only_for_traffic_leaving_the_cluster(network: Network, pods: Po
     assert network.masqueraded() == set()
 
 
-def test_ip_masq_off_keeps_pod_source(network: Network, pods: PodNamespaces,
-                                      external_host: str) -> None:
+def test_ip_masq_off_keeps_pod_source(
+    network: Network, pods: PodNamespaces, external_host: str
+) -> None:
     netns = pods.new()
     config = network.config(ipMasq=False)
     address = pod_ip(network.add(netns, "a", config=config))
@@ -183,26 +196,28 @@ def test_dns_from_config_is_reported(network: Network, pods: PodNamespaces) -> N
     network.delete(netns, "c1").ok()
 
 
-def test_mac_from_runtime_config_matches_case_insensitively(network: Network,
-                                                            pods: PodNamespaces) -> None:
+def test_mac_from_runtime_config_matches_case_insensitively(
+    network: Network, pods: PodNamespaces
+) -> None:
     netns = pods.new()
-    config = network.config(capabilities={"mac": True},
-                            runtimeConfig={"Mac": "02:11:22:33:44:55"})
+    config = network.config(capabilities={"mac": True}, runtimeConfig={"Mac": "02:11:22:33:44:55"})
     result = network.add(netns, "c1", config=config)
     assert result["interfaces"][1]["mac"] == "02:11:22:33:44:55"
     assert link_json(netns, "eth0")["address"] == "02:11:22:33:44:55"
     network.delete(netns, "c1").ok()
     # A capability the plugin did not declare is not used.
     other = pods.new()
-    config = network.config(capabilities={"portMappings": True},
-                            runtimeConfig={"mac": "02:11:22:33:44:66"})
+    config = network.config(
+        capabilities={"portMappings": True}, runtimeConfig={"mac": "02:11:22:33:44:66"}
+    )
     result = network.add(other, "c2", config=config)
     assert result["interfaces"][1]["mac"] != "02:11:22:33:44:66"
     network.delete(other, "c2").ok()
 
 
-def test_kubernetes_cni_args_are_accepted_and_recorded(network: Network,
-                                                       pods: PodNamespaces) -> None:
+def test_kubernetes_cni_args_are_accepted_and_recorded(
+    network: Network, pods: PodNamespaces
+) -> None:
     netns = pods.new()
     args = "K8S_POD_NAMESPACE=shop;K8S_POD_NAME=cart-0;K8S_POD_INFRA_CONTAINER_ID=c1;K8S_POD_UID=u1"
     network.add(netns, "c1", cni_args=args)
@@ -214,11 +229,13 @@ def test_kubernetes_cni_args_are_accepted_and_recorded(network: Network,
 
 def test_prev_result_is_kept_and_extended(network: Network, pods: PodNamespaces) -> None:
     netns = pods.new()
-    prev = {"cniVersion": "1.0.0",
-            "interfaces": [{"name": "net1", "sandbox": netns}],
-            "ips": [{"address": "192.168.50.2/24", "interface": 0}],
-            "routes": [{"dst": "192.168.0.0/16"}],
-            "dns": {"nameservers": ["192.168.50.1"]}}
+    prev = {
+        "cniVersion": "1.0.0",
+        "interfaces": [{"name": "net1", "sandbox": netns}],
+        "ips": [{"address": "192.168.50.2/24", "interface": 0}],
+        "routes": [{"dst": "192.168.0.0/16"}],
+        "dns": {"nameservers": ["192.168.50.1"]},
+    }
     config = network.config("1.0.0", prevResult=prev)
     result = network.add(netns, "c1", config=config)
     assert result["interfaces"][0]["name"] == "net1"
@@ -241,8 +258,9 @@ def assert_nothing_left(network: Network) -> None:
 
 def test_add_fails_when_the_interface_exists(network: Network, pods: PodNamespaces) -> None:
     netns = pods.new()
-    in_netns(netns, "ip", "link", "add", "eth0", "type", "veth", "peer", "name", "other0",
-             check=True)
+    in_netns(
+        netns, "ip", "link", "add", "eth0", "type", "veth", "peer", "name", "other0", check=True
+    )
     run = network.run("ADD", container_id="c1", netns=netns, ifname="eth0")
     assert run.rc != 0 and run.error_code == 4 and "already exists" in run.out["details"]
     assert_nothing_left(network)
@@ -263,33 +281,47 @@ def test_add_with_a_bad_netns_path(network: Network, netns: str) -> None:
     assert_nothing_left(network)
 
 
-def test_add_rolls_back_when_the_kernel_refuses_a_step(network: Network,
-                                                       pods: PodNamespaces) -> None:
+def test_add_rolls_back_when_the_kernel_refuses_a_step(
+    network: Network, pods: PodNamespaces
+) -> None:
     # The second identical route fails with EEXIST after the veth, the
     # address and the first route exist: all of it must be undone.
     netns = pods.new()
-    ipam = {"type": "sluice-ipam", "subnet": network.subnet,
-            "routes": [{"dst": "10.99.0.0/16"}, {"dst": "10.99.0.0/16"}]}
-    run = network.run("ADD", network.config(ipam=ipam), container_id="c1", netns=netns,
-                      ifname="eth0")
+    ipam = {
+        "type": "sluice-ipam",
+        "subnet": network.subnet,
+        "routes": [{"dst": "10.99.0.0/16"}, {"dst": "10.99.0.0/16"}],
+    }
+    run = network.run(
+        "ADD", network.config(ipam=ipam), container_id="c1", netns=netns, ifname="eth0"
+    )
     assert run.error_code == 100 and "10.99.0.0/16" in run.out["details"]
     assert_nothing_left(network)
     assert "eth0" not in in_netns(netns, "ip", "link").stdout
 
 
-def test_add_rolls_back_a_delegated_ipam(network: Network, pods: PodNamespaces,
-                                         tmp_path: Path) -> None:
+def test_add_rolls_back_a_delegated_ipam(
+    network: Network, pods: PodNamespaces, tmp_path: Path
+) -> None:
     # host-local hands out an IPv6 address, which sluice does not wire yet:
     # the delegated reservation must be released again.
     netns = pods.new()
     data_dir = tmp_path / "host-local"
     ipam = {"type": "host-local", "subnet": "fd00:10::/64", "dataDir": str(data_dir)}
     # Debian's host-local speaks spec versions up to 1.0.0.
-    run = network.run("ADD", network.config("1.0.0", ipam=ipam, clusterCIDR="10.0.0.0/8"),
-                      container_id="c1", netns=netns, ifname="eth0")
+    run = network.run(
+        "ADD",
+        network.config("1.0.0", ipam=ipam, clusterCIDR="10.0.0.0/8"),
+        container_id="c1",
+        netns=netns,
+        ifname="eth0",
+    )
     assert run.error_code == 2 and "IPv4" in run.out["details"]
-    assert [p.name for p in (data_dir / network.name).iterdir()
-            if not p.name.startswith(("lock", "last_"))] == []
+    assert [
+        p.name
+        for p in (data_dir / network.name).iterdir()
+        if not p.name.startswith(("lock", "last_"))
+    ] == []
     assert network.veths() == []
 
 
@@ -299,11 +331,19 @@ def start_add(network: Network, netns: str, container_id: str) -> subprocess.Pop
     stdin.write_text(json.dumps(network.config()))
     with stdin.open("rb") as config:
         return subprocess.Popen(
-            [network.bin_dir / "sluice"], stdin=config, stdout=subprocess.PIPE,
+            [network.bin_dir / "sluice"],
+            stdin=config,
+            stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            env={"PATH": "/usr/sbin:/usr/bin", "CNI_COMMAND": "ADD",
-                 "CNI_CONTAINERID": container_id, "CNI_NETNS": netns, "CNI_IFNAME": "eth0",
-                 "CNI_PATH": str(network.bin_dir)})
+            env={
+                "PATH": "/usr/sbin:/usr/bin",
+                "CNI_COMMAND": "ADD",
+                "CNI_CONTAINERID": container_id,
+                "CNI_NETNS": netns,
+                "CNI_IFNAME": "eth0",
+                "CNI_PATH": str(network.bin_dir),
+            },
+        )
 
 
 def test_sigterm_during_add_rolls_back(network: Network, pods: PodNamespaces) -> None:
@@ -322,8 +362,9 @@ def test_sigterm_during_add_rolls_back(network: Network, pods: PodNamespaces) ->
     assert_nothing_left(network)
 
 
-def test_sigkill_at_any_point_of_add_then_del_cleans_up(network: Network,
-                                                        pods: PodNamespaces) -> None:
+def test_sigkill_at_any_point_of_add_then_del_cleans_up(
+    network: Network, pods: PodNamespaces
+) -> None:
     """A runtime's timeout kills the plugin; the DEL that follows must clean everything."""
     for attempt in range(8):
         netns = pods.new()
@@ -366,8 +407,9 @@ def test_del_twice_and_without_add(network: Network, pods: PodNamespaces) -> Non
 
 
 @pytest.mark.parametrize("netns_value", ["", "same-path"])
-def test_del_after_the_netns_is_gone(network: Network, pods: PodNamespaces,
-                                     netns_value: str) -> None:
+def test_del_after_the_netns_is_gone(
+    network: Network, pods: PodNamespaces, netns_value: str
+) -> None:
     netns = pods.new()
     result = network.add(netns, "c1")
     pods.remove(netns)  # the runtime removed the sandbox first
@@ -376,8 +418,9 @@ def test_del_after_the_netns_is_gone(network: Network, pods: PodNamespaces,
     assert_nothing_left(network)
 
 
-def test_del_is_best_effort_with_a_broken_prev_result(network: Network,
-                                                      pods: PodNamespaces) -> None:
+def test_del_is_best_effort_with_a_broken_prev_result(
+    network: Network, pods: PodNamespaces
+) -> None:
     netns = pods.new()
     network.add(netns, "c1")
     config = network.config(prevResult={"ips": "garbage"})
@@ -405,8 +448,18 @@ def _drop_host_route(netns: str, result: dict[str, Any]) -> None:
 
 
 def _drop_masquerade(netns: str, result: dict[str, Any], network: Network) -> None:
-    subprocess.run(["nft", "delete", "element", "ip", "sluice", f"masq_{network.name}",
-                    f"{{ {pod_ip(result)} }}"], check=True)
+    subprocess.run(
+        [
+            "nft",
+            "delete",
+            "element",
+            "ip",
+            f"sluice_{network.name}",
+            "pods",
+            f"{{ {pod_ip(result)} }}",
+        ],
+        check=True,
+    )
 
 
 def _drop_allocation(netns: str, result: dict[str, Any], network: Network) -> None:
@@ -418,17 +471,21 @@ def _pod_link_down(netns: str, result: dict[str, Any]) -> None:
     in_netns(netns, "ip", "link", "set", "eth0", "down", check=True)
 
 
-@pytest.mark.parametrize(("damage", "words"), [
-    (_drop_address, "address"),
-    (_drop_default_route, "route 0.0.0.0/0"),
-    (_drop_neighbor, "neighbour"),
-    (_drop_host_route, "no route"),
-    (_drop_masquerade, "masquerade"),
-    (_drop_allocation, "sluice-ipam"),
-    (_pod_link_down, "down"),
-])
-def test_check_finds_what_is_missing(network: Network, pods: PodNamespaces, damage: Any,
-                                     words: str) -> None:
+@pytest.mark.parametrize(
+    ("damage", "words"),
+    [
+        (_drop_address, "address"),
+        (_drop_default_route, "route 0.0.0.0/0"),
+        (_drop_neighbor, "neighbour"),
+        (_drop_host_route, "no route"),
+        (_drop_masquerade, "masquerade"),
+        (_drop_allocation, "sluice-ipam"),
+        (_pod_link_down, "down"),
+    ],
+)
+def test_check_finds_what_is_missing(
+    network: Network, pods: PodNamespaces, damage: Any, words: str
+) -> None:
     netns = pods.new()
     result = network.add(netns, "c1")
     run = network.check(netns, "c1", result)
@@ -510,8 +567,9 @@ def test_status_when_the_store_is_unusable(network: Network, tmp_path: Path) -> 
 def test_gc_releases_everything_not_listed(network: Network, pods: PodNamespaces) -> None:
     ns = {name: pods.new() for name in "abc"}
     ips = {name: pod_ip(network.add(path, name)) for name, path in ns.items()}
-    config = network.config(**{"cni.dev/valid-attachments": [
-        {"containerID": "a", "ifname": "eth0"}]})
+    config = network.config(
+        **{"cni.dev/valid-attachments": [{"containerID": "a", "ifname": "eth0"}]}
+    )
     network.run("GC", config).ok()
     assert network.allocations() == {("a", "eth0"): ips["a"]}
     assert len(network.veths()) == 1
@@ -522,8 +580,9 @@ def test_gc_releases_everything_not_listed(network: Network, pods: PodNamespaces
 
 
 @pytest.mark.parametrize("valid", ["absent", None, [], "legacy-key"])
-def test_gc_without_valid_attachments_releases_all(network: Network, pods: PodNamespaces,
-                                                   valid: Any) -> None:
+def test_gc_without_valid_attachments_releases_all(
+    network: Network, pods: PodNamespaces, valid: Any
+) -> None:
     netns = pods.new()
     network.add(netns, "a")
     extra: dict[str, Any] = {}
@@ -565,8 +624,9 @@ def test_delegation_needs_cni_path(network: Network, pods: PodNamespaces) -> Non
     config = network.config("1.0.0", ipam={"type": "host-local", "subnet": network.subnet})
     run = network.run("ADD", config, container_id="c1", netns=netns, ifname="eth0", cni_path="")
     assert run.error_code == 4 and "CNI_PATH" in run.out["details"]
-    run = network.run("ADD", config, container_id="c1", netns=netns, ifname="eth0",
-                      cni_path="/nonexistent")
+    run = network.run(
+        "ADD", config, container_id="c1", netns=netns, ifname="eth0", cni_path="/nonexistent"
+    )
     assert run.error_code == 104 and "host-local" in run.out["details"]
     assert network.veths() == []
 
@@ -584,11 +644,22 @@ def test_delegates_every_verb_to_an_exec_ipam(network: Network, pods: PodNamespa
     netns = pods.new()
     result = network.add(netns, "c1", config=config, cni_path=cni_path)
     assert network.allocations() == {("c1", "eth0"): pod_ip(result)}
-    network.run("CHECK", network.config(ipam=ipam, prevResult=result), container_id="c1",
-                netns=netns, ifname="eth0", cni_path=cni_path).ok()
+    network.run(
+        "CHECK",
+        network.config(ipam=ipam, prevResult=result),
+        container_id="c1",
+        netns=netns,
+        ifname="eth0",
+        cni_path=cni_path,
+    ).ok()
     network.run("STATUS", config, cni_path=cni_path).ok()
-    network.run("GC", network.config(ipam=ipam, **{"cni.dev/valid-attachments": [
-        {"containerID": "c1", "ifname": "eth0"}]}), cni_path=cni_path).ok()
+    network.run(
+        "GC",
+        network.config(
+            ipam=ipam, **{"cni.dev/valid-attachments": [{"containerID": "c1", "ifname": "eth0"}]}
+        ),
+        cni_path=cni_path,
+    ).ok()
     assert len(network.allocations()) == 1
     network.delete(netns, "c1", config=config, cni_path=cni_path).ok()
     assert_nothing_left(network)

@@ -17,9 +17,14 @@ from cni.protocol import Request
 
 def status_request(conflist: conflist_mod.Conflist, bin_dir: str) -> Request:
     plugin = conflist.plugin()
-    return Request(command="STATUS", cni_version=conflist.cni_version,
-                   network=conflist.network, config=plugin,
-                   raw_config=json.dumps(plugin).encode(), env={"CNI_PATH": bin_dir})
+    return Request(
+        command="STATUS",
+        cni_version=conflist.cni_version,
+        network=conflist.network,
+        config=plugin,
+        raw_config=json.dumps(plugin).encode(),
+        env={"CNI_PATH": bin_dir},
+    )
 
 
 def launcher_state(bin_dir: str, executable: str) -> tuple[bool, str]:
@@ -27,8 +32,14 @@ def launcher_state(bin_dir: str, executable: str) -> tuple[bool, str]:
     if not os.access(path, os.X_OK):
         return False, f"{path}: missing"
     try:
-        proc = subprocess.run([path], env={"CNI_COMMAND": "VERSION"}, input=b"{}",
-                              capture_output=True, timeout=10, check=False)
+        proc = subprocess.run(
+            [path],
+            env={"CNI_COMMAND": "VERSION"},
+            input=b"{}",
+            capture_output=True,
+            timeout=10,
+            check=False,
+        )
         answer = json.loads(proc.stdout)
     except (OSError, subprocess.TimeoutExpired, ValueError) as err:
         return False, f"{path}: does not answer VERSION ({err})"
@@ -38,10 +49,15 @@ def launcher_state(bin_dir: str, executable: str) -> tuple[bool, str]:
 
 
 @click.command()
-@click.option("--conf", "conf_path", default=DEFAULT_CONF, show_default=True,
-              help="The network's conflist.")
-@click.option("--bin-dir", default="/opt/cni/bin", show_default=True,
-              help="CNI plugin directory holding the launchers.")
+@click.option(
+    "--conf", "conf_path", default=DEFAULT_CONF, show_default=True, help="The network's conflist."
+)
+@click.option(
+    "--bin-dir",
+    default="/opt/cni/bin",
+    show_default=True,
+    help="CNI plugin directory holding the launchers.",
+)
 def status(conf_path: str, bin_dir: str) -> None:
     """Report what is installed and whether an ADD can be served (exit 1 if not)."""
     ready = True
@@ -56,8 +72,10 @@ def status(conf_path: str, bin_dir: str) -> None:
         click.echo(f"{'conflist:':13}{err}")
         raise SystemExit(1) from None
     plugin = request.config
-    click.echo(f"{'conflist:':13}{conf_path} (network {conflist.network!r}, "
-               f"cniVersion {conflist.cni_version})")
+    click.echo(
+        f"{'conflist:':13}{conf_path} (network {conflist.network!r}, "
+        f"cniVersion {conflist.cni_version})"
+    )
     click.echo(f"{'policy:':13}{plugin.get('policy', 'enforce')}")
     click.echo(f"{'ipam:':13}{_ipam_summary(request)}")
     try:
@@ -84,7 +102,9 @@ def _ipam_summary(request: Request) -> str:
         with NodeCIDRAllocator.open(config) as allocator:
             allocated = len(allocator.allocations())
             available = allocator.available()
-        return (f"sluice-ipam {config.subnet}: {allocated} allocated, {available} available "
-                f"(store {config.state_dir})")
+        return (
+            f"sluice-ipam {config.subnet}: {allocated} allocated, {available} available "
+            f"(store {config.state_dir})"
+        )
     except CNIError as err:
         return f"sluice-ipam: {err.details}"

@@ -7,9 +7,11 @@ from cni.errors import ERR_INVALID_CONFIG, CNIError
 from cni.netconf import NetConf
 from cni.protocol import Request
 
-AGENT_REQUIRED = ('"policy": "enforce" needs the sluice node agent to compute and install '
-                  'NetworkPolicy, and this sluice has no agent yet; set "policy": "off" to run '
-                  "without enforcement")
+AGENT_REQUIRED = (
+    '"policy": "enforce" needs the sluice node agent to compute and install '
+    'NetworkPolicy, and this sluice has no agent yet; set "policy": "off" to run '
+    "without enforcement"
+)
 
 
 def load_conf(request: Request) -> NetConf:

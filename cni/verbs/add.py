@@ -34,8 +34,10 @@ def run(request: Request) -> dict[str, Any]:
     conf = load_conf(request)
     require_standalone(conf)
     if conf.ip_masq and conf.cluster_cidr is None:
-        raise CNIError(ERR_INVALID_CONFIG, '"ipMasq" needs "clusterCIDR" when the IPAM '
-                       f'({conf.ipam_type}) has no "subnet"')
+        raise CNIError(
+            ERR_INVALID_CONFIG,
+            f'"ipMasq" needs "clusterCIDR" when the IPAM ({conf.ipam_type}) has no "subnet"',
+        )
     prev = prev_result(request)
     pod_mac = requested_mac(request)
     stop = StopRequest()
@@ -43,8 +45,10 @@ def run(request: Request) -> dict[str, Any]:
     attachment = wiring.Attachment.of(request)
     with open_pod_netns(request.netns) as netns, IPRoute() as host, pod_socket(netns) as pod:
         if link.get_link(pod, request.ifname) is not None:
-            raise CNIError(ERR_INVALID_ENV, f'interface "{request.ifname}" already exists in '
-                           f'netns "{request.netns}"')
+            raise CNIError(
+                ERR_INVALID_ENV,
+                f'interface "{request.ifname}" already exists in netns "{request.netns}"',
+            )
         remove_leftover_veth(host, attachment)
         mtu = conf.mtu or link.default_route_mtu(host) or wiring.DEFAULT_MTU
         ipam = ipam_client.for_request(request)
@@ -55,8 +59,9 @@ def run(request: Request) -> dict[str, Any]:
             addresses = pod_addresses(ipam_result)
             routes = wiring.pod_routes(ipam_result.routes)
             sysctl.ensure("net.ipv4.ip_forward", "1")
-            host_link, pod_link = wiring.wire(host, pod, netns, attachment, mtu, pod_mac,
-                                              addresses, routes)
+            host_link, pod_link = wiring.wire(
+                host, pod, netns, attachment, mtu, pod_mac, addresses, routes
+            )
             stop.check()
             if conf.ip_masq and conf.cluster_cidr is not None:
                 masq.add(conf.network, conf.cluster_cidr, [a.split("/")[0] for a in addresses])
@@ -85,18 +90,19 @@ def open_pod_netns(path: str) -> Netns:
     except NetnsGone:
         raise CNIError(ERR_INVALID_ENV, f'failed to open netns "{path}": no such file') from None
     except OSError as err:
-        raise CNIError(ERR_INVALID_ENV, f'failed to open netns "{path}": {err.strerror}') \
-            from None
+        raise CNIError(ERR_INVALID_ENV, f'failed to open netns "{path}": {err.strerror}') from None
     try:
         if netns.is_current():
-            raise CNIError(ERR_INVALID_ENV, f'CNI_NETNS "{path}" is the plugin\'s own network '
-                           "namespace; refusing to configure it")
+            raise CNIError(
+                ERR_INVALID_ENV,
+                f'CNI_NETNS "{path}" is the plugin\'s own network '
+                "namespace; refusing to configure it",
+            )
         with netns.entered():
             pass
     except NotANetns:
         netns.close()
-        raise CNIError(ERR_INVALID_ENV, f'CNI_NETNS "{path}" is not a network namespace') \
-            from None
+        raise CNIError(ERR_INVALID_ENV, f'CNI_NETNS "{path}" is not a network namespace') from None
     except BaseException:
         netns.close()
         raise
@@ -127,14 +133,18 @@ def remove_leftover_veth(host: IPRoute, attachment: wiring.Attachment) -> None:
     if existing is None:
         return
     if existing.alias not in (None, attachment.alias):
-        raise CNIError(ERR_INVALID_ENV, f'veth name "{attachment.host_name}" for container '
-                       f"{attachment.container_id!r} is taken by {existing.alias!r}")
+        raise CNIError(
+            ERR_INVALID_ENV,
+            f'veth name "{attachment.host_name}" for container '
+            f"{attachment.container_id!r} is taken by {existing.alias!r}",
+        )
     log.warning("removing leftover veth %s of %s", existing.name, attachment.alias)
     link.delete_link(host, attachment.host_name)
 
 
-def rollback(host: IPRoute, attachment: wiring.Attachment, ipam: ipam_client.IPAM,
-             allocated: bool) -> None:
+def rollback(
+    host: IPRoute, attachment: wiring.Attachment, ipam: ipam_client.IPAM, allocated: bool
+) -> None:
     """Best effort: each undo step runs even if an earlier one fails."""
     try:
         ips = wiring.unwire(host, attachment)
@@ -146,8 +156,7 @@ def rollback(host: IPRoute, attachment: wiring.Attachment, ipam: ipam_client.IPA
         try:
             ipam.delete()
         except Exception as err:
-            log.error("rollback of %s: failed to release the address: %s", attachment.alias,
-                      err)
+            log.error("rollback of %s: failed to release the address: %s", attachment.alias, err)
 
 
 def merge(prev: Result | None, ours: Result) -> Result:

@@ -34,7 +34,8 @@ def run(request: Request) -> None:
         check_host(host, attachment, ips)
     if conf.ip_masq:
         missing = [ip for ip in ips if not masq.contains(conf.network, ip)]
-        _require(not missing, f"masquerade set {masq.set_name(conf.network)} lacks {missing}")
+        table = masq.table_name(conf.network)
+        _require(not missing, f"the masquerade set of table {table} lacks {missing}")
     ipam_client.for_request(request).check(expected_ips)
 
 
@@ -42,26 +43,31 @@ def pod_interface(prev: Result, request: Request) -> tuple[int, list[IPConfig]]:
     for index, iface in enumerate(prev.interfaces):
         if iface.name == request.ifname and iface.sandbox == request.netns:
             return index, [ip for ip in prev.ips if ip.interface == index]
-    raise CNIError(ERR_CHECK_FAILED, f'prevResult has no interface "{request.ifname}" in '
-                   f'netns "{request.netns}"')
+    raise CNIError(
+        ERR_CHECK_FAILED,
+        f'prevResult has no interface "{request.ifname}" in netns "{request.netns}"',
+    )
 
 
-def check_pod(pod: IPRoute, request: Request, mac: str, ips: list[IPConfig],
-              prev: Result) -> None:
+def check_pod(pod: IPRoute, request: Request, mac: str, ips: list[IPConfig], prev: Result) -> None:
     where = f'"{request.ifname}" in netns "{request.netns}"'
     found = link.get_link(pod, request.ifname)
     _require(found is not None, f"interface {where} is missing")
     assert found is not None
     _require(found.kind == "veth", f"interface {where} is a {found.kind or 'device'}, not a veth")
     _require(found.up, f"interface {where} is down")
-    _require(not mac or found.mac.lower() == mac.lower(),
-             f"interface {where} has MAC {found.mac}, prevResult says {mac}")
+    _require(
+        not mac or found.mac.lower() == mac.lower(),
+        f"interface {where} has MAC {found.mac}, prevResult says {mac}",
+    )
     present = addr.addresses(pod, found.index)
     for ip in ips:
         _require(ip.address in present, f"address {ip.address} is missing on {where}")
     neighbors = addr.permanent_neighbors(pod, found.index)
-    _require(neighbors.get(wiring.GATEWAY) == link.HOST_MAC,
-             f"gateway {wiring.GATEWAY} has no permanent neighbour entry on {where}")
+    _require(
+        neighbors.get(wiring.GATEWAY) == link.HOST_MAC,
+        f"gateway {wiring.GATEWAY} has no permanent neighbour entry on {where}",
+    )
     kernel = {(r.dst, r.gw) for r in route.routes(pod, found.index)}
     for r in prev.routes:
         if r.gw == wiring.GATEWAY:
@@ -72,8 +78,10 @@ def check_host(host: IPRoute, attachment: wiring.Attachment, ips: list[str]) -> 
     veth = link.get_link(host, attachment.host_name)
     _require(veth is not None, f'node-side veth "{attachment.host_name}" is missing')
     assert veth is not None
-    _require(veth.alias == attachment.alias,
-             f'node-side veth "{veth.name}" is labelled {veth.alias!r}, not {attachment.alias!r}')
+    _require(
+        veth.alias == attachment.alias,
+        f'node-side veth "{veth.name}" is labelled {veth.alias!r}, not {attachment.alias!r}',
+    )
     _require(veth.up, f'node-side veth "{veth.name}" is down')
     routed = set(wiring.host_routed_ips(host, veth))
     for ip in ips:

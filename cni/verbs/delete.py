@@ -36,6 +36,9 @@ def prev_ips(request: Request) -> list[str]:
         return []
     if prev is None:
         return []
-    indexes = {i for i, iface in enumerate(prev.interfaces) if iface.name == request.ifname
-               and iface.sandbox}
+    indexes = {
+        i
+        for i, iface in enumerate(prev.interfaces)
+        if iface.name == request.ifname and iface.sandbox
+    }
     return [str(ip.ip) for ip in prev.ips if ip.interface in indexes and ip.version == 4]

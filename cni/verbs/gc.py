@@ -35,8 +35,10 @@ def run(request: Request) -> None:
                 log.info("gc: removed veth %s of %s/%s", veth.name, container_id, ifname)
             except CNIError as err:
                 errors.append(err)
-    for step in (lambda: ipam_client.for_request(request).gc(valid),
-                 lambda: _resync_masquerade(conf, remaining_ips)):
+    for step in (
+        lambda: ipam_client.for_request(request).gc(valid),
+        lambda: _resync_masquerade(conf, remaining_ips),
+    ):
         try:
             step()
         except CNIError as err:

@@ -6,9 +6,7 @@ asks every few seconds.
 
 from __future__ import annotations
 
-import shutil
-
-from cni import ipam_client
+from cni import ipam_client, masq
 from cni.errors import ERR_NOT_AVAILABLE, CNIError
 from cni.protocol import Request
 from cni.verbs import AGENT_REQUIRED, load_conf
@@ -18,6 +16,6 @@ def run(request: Request) -> None:
     conf = load_conf(request)
     if conf.policy == "enforce":
         raise CNIError(ERR_NOT_AVAILABLE, AGENT_REQUIRED)
-    if conf.ip_masq and not (shutil.which("nft") or shutil.which("nft", path="/usr/sbin:/sbin")):
+    if conf.ip_masq and masq.nft_binary() is None:
         raise CNIError(ERR_NOT_AVAILABLE, '"ipMasq" is on but the nft command is not installed')
     ipam_client.for_request(request).status()

@@ -165,7 +165,7 @@ class Network:
 
     def masqueraded(self) -> set[str]:
         proc = subprocess.run(
-            ["nft", "-j", "list", "set", "ip", masq.TABLE, masq.set_name(self.name)],
+            ["nft", "-j", "list", "set", "ip", masq.table_name(self.name), masq.SET],
             capture_output=True,
             text=True,
             check=False,
@@ -245,17 +245,12 @@ def leftover_links(network_prefix: str) -> list[str]:
 
 
 def sluice_networks() -> list[str]:
-    """Networks with a masquerade chain in the sluice nftables table."""
+    """Networks that have a masquerading table."""
     proc = subprocess.run(
-        ["nft", "-j", "list", "table", "ip", masq.TABLE],
-        capture_output=True,
-        text=True,
-        check=False,
+        ["nft", "-j", "list", "tables", "ip"], capture_output=True, text=True, check=True
     )
-    if proc.returncode != 0:
-        return []
     return [
-        item["chain"]["name"].removeprefix("masq_")
+        item["table"]["name"].removeprefix(masq.TABLE_PREFIX)
         for item in json.loads(proc.stdout)["nftables"]
-        if "chain" in item
+        if "table" in item and item["table"]["name"].startswith(masq.TABLE_PREFIX)
     ]

@@ -30,19 +30,26 @@ def _netns_prefix(netns: str | None) -> list[str]:
     return ["ip", "netns", "exec", Path(netns).name] if netns else []
 
 
-def udp_source_seen(sender_netns: str | None, receiver_netns: str | None, address: str,
-                    port: int = 5300) -> str:
+def udp_source_seen(
+    sender_netns: str | None, receiver_netns: str | None, address: str, port: int = 5300
+) -> str:
     """Send a datagram from one namespace to ``address``; return the source the receiver saw."""
-    receiver = subprocess.Popen([*_netns_prefix(receiver_netns), PYTHON, "-c", RECEIVER,
-                                 str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
+    receiver = subprocess.Popen(
+        [*_netns_prefix(receiver_netns), PYTHON, "-c", RECEIVER, str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert receiver.stdout is not None
         assert receiver.stdout.readline().strip() == "ready"
         deadline = time.monotonic() + 10
         while receiver.poll() is None and time.monotonic() < deadline:
-            subprocess.run([*_netns_prefix(sender_netns), PYTHON, "-c", SENDER, address,
-                            str(port)], check=True, timeout=10)
+            subprocess.run(
+                [*_netns_prefix(sender_netns), PYTHON, "-c", SENDER, address, str(port)],
+                check=True,
+                timeout=10,
+            )
             time.sleep(0.1)
         out, err = receiver.communicate(timeout=10)
         assert receiver.returncode == 0, err
