@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import Any
 
 from cni.netlink import IPRoute, NetlinkError, is_missing, kernel_op
 
@@ -17,6 +18,7 @@ HOST_PREFIX = "sl"
 # for its gateway never depends on which veth it got.
 HOST_MAC = "ee:ee:ee:ee:ee:ee"
 ALIAS_PREFIX = "sluice/"
+IFF_UP = 0x1
 
 
 def host_veth_name(container_id: str, ifname: str) -> str:
@@ -57,16 +59,17 @@ def get_link(ipr: IPRoute, name: str) -> Link | None:
     return _to_link(msg)
 
 
-def _to_link(msg: object) -> Link:
-    info = msg.get("IFLA_LINKINFO")  # type: ignore[attr-defined]
+def _to_link(msg: Any) -> Link:
+    """A Link from pyroute2's ifinfmsg."""
+    info = msg.get("IFLA_LINKINFO")
     return Link(
-        index=msg["index"],  # type: ignore[index]
-        name=msg.get("IFLA_IFNAME"),  # type: ignore[attr-defined]
-        mac=msg.get("IFLA_ADDRESS") or "",  # type: ignore[attr-defined]
-        mtu=msg.get("IFLA_MTU") or 0,  # type: ignore[attr-defined]
+        index=msg["index"],
+        name=msg.get("IFLA_IFNAME"),
+        mac=msg.get("IFLA_ADDRESS") or "",
+        mtu=msg.get("IFLA_MTU") or 0,
         kind=(info.get("IFLA_INFO_KIND") if info else "") or "",
-        up=bool(msg["flags"] & 1),  # type: ignore[index]
-        alias=msg.get("IFLA_IFALIAS"),  # type: ignore[attr-defined]
+        up=bool(msg["flags"] & IFF_UP),
+        alias=msg.get("IFLA_IFALIAS"),
     )
 
 

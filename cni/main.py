@@ -58,18 +58,16 @@ def run_plugin(verb_modules: Mapping[str, str], env: Mapping[str, str]) -> int:
 
 
 def answer_version(stdin: bytes) -> int:
-    info = versions.version_info(peek_version(stdin))
-    supported = ", ".join(f'"{v}"' for v in info["supportedVersions"])  # type: ignore[attr-defined]
-    sys.stdout.write(
-        f'{{"cniVersion": "{info["cniVersion"]}", "supportedVersions": [{supported}]}}\n'
-    )
+    echoed = versions.echoed_version(peek_version(stdin))
+    supported = ", ".join(f'"{v}"' for v in versions.SUPPORTED)
+    sys.stdout.write(f'{{"cniVersion": "{echoed}", "supportedVersions": [{supported}]}}\n')
     return 0
 
 
 def peek_version(stdin: bytes) -> str | None:
     """The cniVersion of a VERSION request, found without a JSON parser.
 
-    Anything unexpected yields None; version_info only echoes known versions.
+    Anything unexpected yields None; only known versions are echoed.
     """
     _, found, rest = stdin.decode(errors="replace").partition('"cniVersion"')
     if not found:

@@ -19,6 +19,7 @@ from cni.errors import (
     ERR_INVALID_ENV,
     CNIError,
 )
+from cni.result import Result
 
 COMMANDS = ("ADD", "DEL", "CHECK", "STATUS", "GC", "VERSION")
 
@@ -246,11 +247,9 @@ def valid_attachments(config: Mapping[str, Any]) -> set[tuple[str, str]]:
     return valid
 
 
-def prev_result(request: Request) -> Any:
+def prev_result(request: Request) -> Result | None:
     """The request's prevResult parsed in any version, or None."""
     raw = request.config.get("prevResult")
     if raw is None:
         return None
-    from cni.result import Result
-
     return Result.from_json(raw, request.cni_version, where="prevResult")

@@ -37,7 +37,6 @@ def require_verb_allowed(command: str, version: str) -> None:
         )
 
 
-def version_info(request_version: str | None) -> dict[str, object]:
-    """The VERSION answer: echo the caller's version when it is one we know."""
-    echoed = request_version if request_version in SUPPORTED else CURRENT
-    return {"cniVersion": echoed, "supportedVersions": list(SUPPORTED)}
+def echoed_version(request_version: str | None) -> str:
+    """VERSION answers with the caller's version when it is one sluice knows."""
+    return request_version if request_version in SUPPORTED else CURRENT

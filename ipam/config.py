@@ -151,7 +151,9 @@ def _routes(value: Any) -> tuple[IPAMRoute, ...]:
             gw = ipaddress.ip_address(raw["gw"]) if raw.get("gw") else None
         except (TypeError, ValueError) as err:
             raise CNIError(ERR_INVALID_CONFIG, f'invalid "{where}" {raw!r}: {err}') from None
-        if dst.version != 4 or (gw is not None and gw.version != 4):
+        if not isinstance(dst, ipaddress.IPv4Network) or not isinstance(
+            gw, ipaddress.IPv4Address | None
+        ):
             raise CNIError(ERR_UNSUPPORTED_FIELD, f'"{where}": {raw!r}: only IPv4 is supported')
-        routes.append(IPAMRoute(dst, gw))  # type: ignore[arg-type]
+        routes.append(IPAMRoute(dst, gw))
     return tuple(routes)

@@ -63,20 +63,17 @@ def test_install_rejects_a_bad_subnet(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "10.1.2.3/24" in proc.stderr
 
 
-def test_status_reports_a_usable_install(tmp_path: Path) -> None:
+def install(tmp_path: Path, *options: object) -> tuple[Path, Path]:
+    """Install into scratch directories; return (bin dir, conflist)."""
     bin_dir, conf_dir = tmp_path / "bin", tmp_path / "net.d"
-    sluicectl(
-        "install",
-        "--bin-dir",
-        bin_dir,
-        "--conf-dir",
-        conf_dir,
-        "--subnet",
-        "10.244.4.0/24",
-        "--state-dir",
-        tmp_path / "state",
-    )
-    conf = conf_dir / "10-sluice.conflist"
+    proc = sluicectl("install", "--bin-dir", bin_dir, "--conf-dir", conf_dir,
+                     "--state-dir", tmp_path / "state", *options)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return bin_dir, conf_dir / "10-sluice.conflist"
+
+
+def test_status_reports_a_usable_install(tmp_path: Path) -> None:
+    bin_dir, conf = install(tmp_path, "--subnet", "10.244.4.0/24")
     proc = sluicectl("status", "--conf", conf, "--bin-dir", bin_dir)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "status:      ready" in proc.stdout
@@ -91,17 +88,6 @@ def test_status_reports_a_usable_install(tmp_path: Path) -> None:
 
 
 def test_status_reports_why_an_add_would_fail(tmp_path: Path) -> None:
-    bin_dir, conf_dir = tmp_path / "bin", tmp_path / "net.d"
-    sluicectl(
-        "install",
-        "--bin-dir",
-        bin_dir,
-        "--conf-dir",
-        conf_dir,
-        "--policy",
-        "enforce",
-        "--state-dir",
-        tmp_path / "state",
-    )
-    proc = sluicectl("status", "--conf", conf_dir / "10-sluice.conflist", "--bin-dir", bin_dir)
+    bin_dir, conf = install(tmp_path, "--policy", "enforce")
+    proc = sluicectl("status", "--conf", conf, "--bin-dir", bin_dir)
     assert proc.returncode == 1 and "code 50" in proc.stdout and "agent" in proc.stdout

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from tests.support.cni_run import Network, PodNamespaces, in_netns, ping
+from tests.support.probes import node_address
 
 ROOT = Path(__file__).resolve().parent.parent
 CNI_CACHE = Path("/var/lib/cni/results")
@@ -132,16 +133,6 @@ def test_cnitool_passes_capability_args(
     result = json.loads(cnitool("add", netns, config, cap_args={"mac": "02:aa:bb:cc:dd:ee"}).stdout)
     assert result["interfaces"][1]["mac"] == "02:aa:bb:cc:dd:ee"
     cnitool("del", netns, config, cap_args={"mac": "02:aa:bb:cc:dd:ee"})
-
-
-def node_address() -> str:
-    out = subprocess.run(
-        ["ip", "-4", "-o", "addr", "show", "scope", "global"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return out.split()[3].split("/")[0]
 
 
 TCP_ECHO = """

@@ -23,7 +23,7 @@ import pytest
 from cni.link import HOST_MAC
 from cni.versions import SUPPORTED
 from tests.support.cni_run import Network, PodNamespaces, in_netns, ping
-from tests.support.probes import udp_source_seen
+from tests.support.probes import node_address, udp_source_seen
 
 GATEWAY = "169.254.1.1"
 
@@ -32,16 +32,6 @@ def pod_ip(result: dict[str, Any]) -> str:
     if "ips" in result:
         return result["ips"][0]["address"].split("/")[0]
     return result["ip4"]["ip"].split("/")[0]
-
-
-def node_address() -> str:
-    out = subprocess.run(
-        ["ip", "-4", "-o", "addr", "show", "scope", "global"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return out.split()[3].split("/")[0]
 
 
 def link_json(netns: str | None, name: str) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import pytest
 from cni.errors import CNIError
 from cni.protocol import parse_cni_args
 from cni.versions import SUPPORTED
-from tests.support.cni_run import Network, exec_plugin
+from tests.support.cni_run import Network, PluginRun, PodNamespaces, exec_plugin
 
 
 def test_version_answers_with_standard_library_only(bin_dir: Path) -> None:
@@ -60,9 +60,9 @@ def test_version_imports_nothing_heavy(bin_dir: Path) -> None:
     assert "HEAVY []" in run.stdout, run.stdout + run.stderr
 
 
-def error_of(run_result: object) -> tuple[int, str]:
-    out = run_result.out  # type: ignore[attr-defined]
-    assert run_result.rc != 0  # type: ignore[attr-defined]
+def error_of(run_result: PluginRun) -> tuple[int, str]:
+    out = run_result.out
+    assert run_result.rc != 0
     assert set(out) == {"cniVersion", "code", "msg", "details"}, out
     return out["code"], out["details"]
 
@@ -179,9 +179,9 @@ def test_cni_args_parsing() -> None:
     ],
 )
 def test_invalid_config_values_are_named(
-    network: Network, pods: object, key: str, value: object, code: int, fragment: str
+    network: Network, pods: PodNamespaces, key: str, value: object, code: int, fragment: str
 ) -> None:
-    netns = pods.new()  # type: ignore[attr-defined]
+    netns = pods.new()
     run = network.run(
         "ADD", network.config(**{key: value}), container_id="c", netns=netns, ifname="eth0"
     )
@@ -191,8 +191,8 @@ def test_invalid_config_values_are_named(
     assert network.veths() == [] and network.allocations() == {}
 
 
-def test_enforce_policy_needs_the_agent(network: Network, pods: object) -> None:
-    netns = pods.new()  # type: ignore[attr-defined]
+def test_enforce_policy_needs_the_agent(network: Network, pods: PodNamespaces) -> None:
+    netns = pods.new()
     config = network.config(policy="enforce")
     code, details = error_of(
         network.run("ADD", config, container_id="c", netns=netns, ifname="eth0")

@@ -26,6 +26,17 @@ for _ in range(20):
 """
 
 
+def node_address() -> str:
+    """The node's first global IPv4 address (what pods see as the node)."""
+    out = subprocess.run(
+        ["ip", "-4", "-o", "addr", "show", "scope", "global"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return out.split()[3].split("/")[0]
+
+
 def _netns_prefix(netns: str | None) -> list[str]:
     return ["ip", "netns", "exec", Path(netns).name] if netns else []
 
