@@ -21,6 +21,7 @@ demo: setup
 
 bench: setup
 	$(PY) bench/add_del.py
+	$(PY) bench/ipam_churn.py
 
 lint: venv
 	$(PY) -m ruff check cni ipam tests bench demo

@@ -37,6 +37,14 @@ class Conflist:
                 return {**plugin, "name": self.network, "cniVersion": self.cni_version}
         raise ConflistError(f'"{self.path}" has no plugin of type "{plugin_type}"')
 
+    def ipam_plugin(self) -> dict[str, Any]:
+        """The (first) plugin object whose IPAM is sluice-ipam, as that plugin receives it."""
+        for plugin in self.data.get("plugins", []):
+            ipam = plugin.get("ipam") if isinstance(plugin, dict) else None
+            if isinstance(ipam, dict) and ipam.get("type") == "sluice-ipam":
+                return {**plugin, "name": self.network, "cniVersion": self.cni_version}
+        raise ConflistError(f'"{self.path}" has no plugin with "ipam.type": "sluice-ipam"')
+
 
 def load(path: str) -> Conflist:
     try:

@@ -13,7 +13,7 @@ from cni.errors import ERR_CHECK_FAILED, ERR_NOT_AVAILABLE, CNIError
 from cni.protocol import Request
 from cni.result import IPConfig, Result, Route
 from ipam import config as ipam_config
-from ipam.nodecidr import NodeCIDRAllocator
+from ipam.allocator import Allocator, open_allocator
 
 BUILTIN = "sluice-ipam"
 
@@ -48,8 +48,8 @@ class BuiltinIPAM:
         self.request = request
         self.config = ipam_config.parse(request.network, request.config)
 
-    def _open(self) -> NodeCIDRAllocator:
-        return NodeCIDRAllocator.open(self.config)
+    def _open(self) -> Allocator:
+        return open_allocator(self.config)
 
     def add(self) -> tuple[Result, bool]:
         r = self.request
@@ -57,12 +57,13 @@ class BuiltinIPAM:
             allocation, created = allocator.allocate(
                 r.container_id, r.ifname, r.pod_namespace, r.pod_name
             )
-        gateway = str(self.config.gateway) if self.config.gateway else ""
+        gateway = getattr(self.config, "gateway", None)  # prefix mode has none
         routes = [
             Route(dst=str(route.dst), gw=str(route.gw) if route.gw else "")
             for route in self.config.routes
         ]
-        result = Result(r.cni_version, ips=[IPConfig(allocation.cidr, gateway)], routes=routes)
+        ip = IPConfig(allocation.cidr, str(gateway) if gateway else "")
+        result = Result(r.cni_version, ips=[ip], routes=routes)
         return result, created
 
     def delete(self) -> None:
@@ -96,15 +97,11 @@ class BuiltinIPAM:
     def status(self) -> None:
         try:
             with self._open() as allocator:
-                available = allocator.available()
+                reason = allocator.unavailable_reason()
         except CNIError as err:
             raise CNIError(ERR_NOT_AVAILABLE, err.details) from None
-        if available <= 0:
-            raise CNIError(
-                ERR_NOT_AVAILABLE,
-                f"no address left in {self.config.subnet} "
-                f"(range {self.config.range_start}-{self.config.range_end})",
-            )
+        if reason is not None:
+            raise CNIError(ERR_NOT_AVAILABLE, reason)
 
     def gc(self, valid: set[tuple[str, str]]) -> None:
         with self._open() as allocator:

@@ -1,8 +1,17 @@
-"""IPAM configuration (the ``ipam`` object of a network) and its validation."""
+"""IPAM configuration (the ``ipam`` object of a network) and its validation.
+
+Two modes:
+
+- ``node-cidr`` (default): addresses from one subnet, the node's podCIDR;
+- ``prefix``: the node claims aligned blocks (``prefixLength``, /28 by
+  default) from a ``pool`` shared by many nodes, only as it needs them.
+"""
 
 from __future__ import annotations
 
 import ipaddress
+import re
+import socket
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,6 +19,9 @@ from cni.errors import ERR_INVALID_CONFIG, ERR_UNSUPPORTED_FIELD, CNIError
 
 DEFAULT_STATE_DIR = "/var/lib/sluice"
 DEFAULT_COOLDOWN_SECONDS = 120.0  # longer than conntrack's SYN_SENT timeout
+DEFAULT_PREFIX_LENGTH = 28
+DEFAULT_WARM_PREFIXES = 1
+NODE_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$")
 
 
 @dataclass(frozen=True)
@@ -17,17 +29,30 @@ class IPAMRoute:
     dst: ipaddress.IPv4Network
     gw: ipaddress.IPv4Address | None = None
 
+    def to_json(self) -> dict[str, str]:
+        return {"dst": str(self.dst), **({"gw": str(self.gw)} if self.gw else {})}
+
 
 @dataclass(frozen=True)
-class NodeCIDRConfig:
+class IPAMConfig:
     network: str
+    routes: tuple[IPAMRoute, ...]
+    cooldown_seconds: float
+    state_dir: str
+
+    def to_json(self) -> dict[str, Any]:
+        """The configuration as the ``ipam`` object would state it, defaults filled in."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class NodeCIDRConfig(IPAMConfig):
     subnet: ipaddress.IPv4Network
     range_start: ipaddress.IPv4Address
     range_end: ipaddress.IPv4Address
     gateway: ipaddress.IPv4Address | None
-    routes: tuple[IPAMRoute, ...]
-    cooldown_seconds: float
-    state_dir: str
+
+    mode = "node-cidr"
 
     @property
     def size(self) -> int:
@@ -37,8 +62,48 @@ class NodeCIDRConfig:
             count -= 1
         return count
 
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "type": "sluice-ipam",
+            "mode": self.mode,
+            "subnet": str(self.subnet),
+            "rangeStart": str(self.range_start),
+            "rangeEnd": str(self.range_end),
+            "gateway": str(self.gateway) if self.gateway else None,
+            "routes": [r.to_json() for r in self.routes],
+            "cooldownSeconds": self.cooldown_seconds,
+        }
 
-def parse(network: str, config: dict[str, Any]) -> NodeCIDRConfig:
+
+@dataclass(frozen=True)
+class PrefixConfig(IPAMConfig):
+    pool: ipaddress.IPv4Network
+    prefix_length: int
+    warm_prefixes: int
+    claims_dir: str
+    node_name: str
+
+    mode = "prefix"
+
+    @property
+    def block_size(self) -> int:
+        return 2 ** (32 - self.prefix_length)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "type": "sluice-ipam",
+            "mode": self.mode,
+            "pool": str(self.pool),
+            "prefixLength": self.prefix_length,
+            "warmPrefixes": self.warm_prefixes,
+            "claimsDir": self.claims_dir,
+            "nodeName": self.node_name,
+            "routes": [r.to_json() for r in self.routes],
+            "cooldownSeconds": self.cooldown_seconds,
+        }
+
+
+def parse(network: str, config: dict[str, Any]) -> NodeCIDRConfig | PrefixConfig:
     """Read the ``ipam`` object of ``config`` (a plugin configuration).
 
     ``stateDir`` is taken from the ipam object, else from the plugin object, so
@@ -48,14 +113,31 @@ def parse(network: str, config: dict[str, Any]) -> NodeCIDRConfig:
     ipam = config.get("ipam")
     if not isinstance(ipam, dict):
         raise CNIError(ERR_INVALID_CONFIG, f'the "ipam" object is required, got {ipam!r}')
+    state_dir = ipam.get("stateDir") or config.get("stateDir") or DEFAULT_STATE_DIR
+    common = {
+        "network": network,
+        "routes": _routes(ipam.get("routes")),
+        "cooldown_seconds": _cooldown(ipam.get("cooldownSeconds", DEFAULT_COOLDOWN_SECONDS)),
+        "state_dir": _absolute(state_dir, "stateDir"),
+    }
     mode = ipam.get("mode", "node-cidr")
-    if mode != "node-cidr":
-        raise CNIError(
-            ERR_UNSUPPORTED_FIELD,
-            f'"ipam.mode": {mode!r} is not supported (supported: "node-cidr")',
-        )
+    if mode == "node-cidr":
+        return _node_cidr(ipam, common)
+    if mode == "prefix":
+        return _prefix(ipam, common)
+    raise CNIError(
+        ERR_UNSUPPORTED_FIELD,
+        f'"ipam.mode": {mode!r} is not supported (supported: "node-cidr", "prefix")',
+    )
 
-    subnet = _subnet(ipam.get("subnet"))
+
+def _node_cidr(ipam: dict[str, Any], common: dict[str, Any]) -> NodeCIDRConfig:
+    subnet = _network(ipam.get("subnet"), "subnet")
+    if subnet.prefixlen > 30:
+        raise CNIError(
+            ERR_INVALID_CONFIG,
+            f'"ipam.subnet" {str(subnet)!r} is too small to allocate from (at most /30)',
+        )
     first, last = subnet[1], subnet[-2]  # network and broadcast are never handed out
     range_start = _address(ipam, "rangeStart", subnet, default=first)
     range_end = _address(ipam, "rangeEnd", subnet, default=last)
@@ -68,29 +150,8 @@ def parse(network: str, config: dict[str, Any]) -> NodeCIDRConfig:
         gateway = None
     else:
         gateway = _address(ipam, "gateway", subnet, default=first)
-
-    state_dir = ipam.get("stateDir") or config.get("stateDir") or DEFAULT_STATE_DIR
-    if not isinstance(state_dir, str) or not state_dir.startswith("/"):
-        raise CNIError(
-            ERR_INVALID_CONFIG, f'invalid "stateDir" {state_dir!r}: must be an absolute path'
-        )
-
-    cooldown = ipam.get("cooldownSeconds", DEFAULT_COOLDOWN_SECONDS)
-    if isinstance(cooldown, bool) or not isinstance(cooldown, int | float) or cooldown < 0:
-        raise CNIError(
-            ERR_INVALID_CONFIG,
-            f'invalid "ipam.cooldownSeconds" {cooldown!r}: must be a number of seconds, 0 or more',
-        )
-
     parsed = NodeCIDRConfig(
-        network=network,
-        subnet=subnet,
-        range_start=range_start,
-        range_end=range_end,
-        gateway=gateway,
-        routes=_routes(ipam.get("routes")),
-        cooldown_seconds=float(cooldown),
-        state_dir=state_dir,
+        **common, subnet=subnet, range_start=range_start, range_end=range_end, gateway=gateway
     )
     if parsed.size < 1:
         raise CNIError(
@@ -100,25 +161,70 @@ def parse(network: str, config: dict[str, Any]) -> NodeCIDRConfig:
     return parsed
 
 
-def _subnet(value: Any) -> ipaddress.IPv4Network:
-    if not isinstance(value, str):
-        raise CNIError(ERR_INVALID_CONFIG, f'"ipam.subnet" is required, got {value!r}')
-    try:
-        subnet = ipaddress.ip_network(value)
-    except ValueError as err:
-        raise CNIError(ERR_INVALID_CONFIG, f'invalid "ipam.subnet" {value!r}: {err}') from None
-    if not isinstance(subnet, ipaddress.IPv4Network):
-        raise CNIError(ERR_UNSUPPORTED_FIELD, f'"ipam.subnet": {value!r}: only IPv4 is supported')
-    if subnet.prefixlen > 30:
+def _prefix(ipam: dict[str, Any], common: dict[str, Any]) -> PrefixConfig:
+    pool = _network(ipam.get("pool"), "pool")
+    length = ipam.get("prefixLength", DEFAULT_PREFIX_LENGTH)
+    if not _is_int(length) or not pool.prefixlen <= length <= 32:
         raise CNIError(
             ERR_INVALID_CONFIG,
-            f'"ipam.subnet" {value!r} is too small to allocate from (at most /30)',
+            f'invalid "ipam.prefixLength" {length!r}: must be between the pool\'s '
+            f"/{pool.prefixlen} and 32",
         )
-    return subnet
+    warm = ipam.get("warmPrefixes", DEFAULT_WARM_PREFIXES)
+    if not _is_int(warm) or warm < 0:
+        raise CNIError(
+            ERR_INVALID_CONFIG, f'invalid "ipam.warmPrefixes" {warm!r}: must be 0 or more'
+        )
+    claims_dir = ipam.get("claimsDir") or f"{common['state_dir']}/claims"
+    node = ipam.get("nodeName") or socket.gethostname()
+    if not isinstance(node, str) or not NODE_NAME.match(node):
+        raise CNIError(ERR_INVALID_CONFIG, f'invalid "ipam.nodeName" {node!r}')
+    return PrefixConfig(
+        **common,
+        pool=pool,
+        prefix_length=length,
+        warm_prefixes=warm,
+        claims_dir=_absolute(claims_dir, "ipam.claimsDir"),
+        node_name=node,
+    )
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _absolute(value: Any, key: str) -> str:
+    if not isinstance(value, str) or not value.startswith("/"):
+        raise CNIError(ERR_INVALID_CONFIG, f'invalid "{key}" {value!r}: must be an absolute path')
+    return value
+
+
+def _cooldown(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise CNIError(
+            ERR_INVALID_CONFIG,
+            f'invalid "ipam.cooldownSeconds" {value!r}: must be a number of seconds, 0 or more',
+        )
+    return float(value)
+
+
+def _network(value: Any, key: str) -> ipaddress.IPv4Network:
+    if not isinstance(value, str):
+        raise CNIError(ERR_INVALID_CONFIG, f'"ipam.{key}" is required, got {value!r}')
+    try:
+        network = ipaddress.ip_network(value)
+    except ValueError as err:
+        raise CNIError(ERR_INVALID_CONFIG, f'invalid "ipam.{key}" {value!r}: {err}') from None
+    if not isinstance(network, ipaddress.IPv4Network):
+        raise CNIError(ERR_UNSUPPORTED_FIELD, f'"ipam.{key}": {value!r}: only IPv4 is supported')
+    return network
 
 
 def _address(
-    ipam: dict[str, Any], key: str, subnet: ipaddress.IPv4Network, default: ipaddress.IPv4Address
+    ipam: dict[str, Any],
+    key: str,
+    subnet: ipaddress.IPv4Network,
+    default: ipaddress.IPv4Address,
 ) -> ipaddress.IPv4Address:
     value = ipam.get(key)
     if value is None:

@@ -3,43 +3,49 @@
 WAL journal with synchronous=FULL: a transaction is on disk once COMMIT
 returns, and a process killed at any point leaves either the whole
 transaction or none of it. Writers take the database's write lock with
-BEGIN IMMEDIATE, so concurrent plugin processes serialise on it. The primary
-key on the address makes a double allocation impossible even if the
-allocation logic had a bug.
+BEGIN IMMEDIATE, so concurrent plugin processes (and the agent) serialise on
+it. The primary key on the address makes a double allocation impossible even
+if the allocation logic had a bug.
+
+Format history (``PRAGMA user_version``):
+1. allocations, cooling, meta
+2. + prefixes (blocks held in prefix mode); meta "config" keeps the network's
+   IPAM configuration, so a store can be read without its conflist
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from cni.errors import ERR_STORE, CNIError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 BUSY_TIMEOUT_SECONDS = 60.0
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (
-    key TEXT PRIMARY KEY,
-    value TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS allocations (
-    ip TEXT PRIMARY KEY,
-    container_id TEXT NOT NULL,
-    ifname TEXT NOT NULL,
-    allocated_at REAL NOT NULL,
-    pod_namespace TEXT NOT NULL DEFAULT '',
-    pod_name TEXT NOT NULL DEFAULT '',
-    UNIQUE (container_id, ifname)
-);
-CREATE TABLE IF NOT EXISTS cooling (
-    ip TEXT PRIMARY KEY,
-    released_at REAL NOT NULL
-);
-"""
+MIGRATIONS = {
+    1: """
+        CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+        CREATE TABLE allocations (
+            ip TEXT PRIMARY KEY,
+            container_id TEXT NOT NULL,
+            ifname TEXT NOT NULL,
+            allocated_at REAL NOT NULL,
+            pod_namespace TEXT NOT NULL DEFAULT '',
+            pod_name TEXT NOT NULL DEFAULT '',
+            UNIQUE (container_id, ifname)
+        );
+        CREATE TABLE cooling (ip TEXT PRIMARY KEY, released_at REAL NOT NULL)
+    """,
+    2: """
+        CREATE TABLE prefixes (cidr TEXT PRIMARY KEY, claimed_at REAL NOT NULL)
+    """,
+}
 
 
 @dataclass(frozen=True)
@@ -56,14 +62,48 @@ def store_path(state_dir: str, network: str) -> str:
     return os.path.join(state_dir, "ipam", f"{network}.db")
 
 
+def store_networks(state_dir: str) -> list[str]:
+    """Networks with a store under ``state_dir``."""
+    directory = os.path.join(state_dir, "ipam")
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    return sorted(name.removesuffix(".db") for name in names if name.endswith(".db"))
+
+
+def open_database(path: str) -> sqlite3.Connection:
+    """A connection in autocommit mode; transactions are explicit (BEGIN IMMEDIATE)."""
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=FULL")
+    return db
+
+
+@contextmanager
+def write_transaction(db: sqlite3.Connection, path: str) -> Iterator[sqlite3.Connection]:
+    """An exclusive write transaction, committed on success, rolled back otherwise."""
+    try:
+        db.execute("BEGIN IMMEDIATE")
+    except sqlite3.Error as err:
+        raise CNIError(ERR_STORE, f'failed to lock "{path}": {err}') from None
+    try:
+        yield db
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    try:
+        db.execute("COMMIT")
+    except sqlite3.Error as err:
+        raise CNIError(ERR_STORE, f'failed to commit to "{path}": {err}') from None
+
+
 class Store:
     def __init__(self, path: str, network: str) -> None:
         self.path = path
         try:
-            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-            self.db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None)
-            self.db.execute("PRAGMA journal_mode=WAL")
-            self.db.execute("PRAGMA synchronous=FULL")
+            self.db = open_database(path)
             self._migrate(network)
         except (OSError, sqlite3.Error) as err:
             raise CNIError(ERR_STORE, f'failed to open IPAM store "{path}": {err}') from None
@@ -77,43 +117,27 @@ class Store:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _version(self) -> int:
+        return int(self.db.execute("PRAGMA user_version").fetchone()[0])
+
     def _migrate(self, network: str) -> None:
-        (version,) = self.db.execute("PRAGMA user_version").fetchone()
-        if version == SCHEMA_VERSION:
+        if self._version() == SCHEMA_VERSION:
             return
-        if version > SCHEMA_VERSION:
+        if self._version() > SCHEMA_VERSION:
             raise CNIError(
                 ERR_STORE,
-                f'IPAM store "{self.path}" has format {version}, newer '
-                f"than this sluice understands ({SCHEMA_VERSION})",
+                f'IPAM store "{self.path}" has format {self._version()}, newer than this '
+                f"sluice understands ({SCHEMA_VERSION})",
             )
         with self.transaction():
-            (version,) = self.db.execute("PRAGMA user_version").fetchone()
-            if version == 0:
-                for statement in SCHEMA.split(";"):
-                    if statement.strip():
-                        self.db.execute(statement)
-                self.db.execute("INSERT OR REPLACE INTO meta VALUES ('network', ?)", (network,))
-                self.db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            for version in range(self._version() + 1, SCHEMA_VERSION + 1):
+                for statement in MIGRATIONS[version].split(";"):
+                    self.db.execute(statement)
+            self.db.execute("INSERT OR IGNORE INTO meta VALUES ('network', ?)", (network,))
+            self.db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
-    @contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
-        """An exclusive write transaction, committed on success."""
-        try:
-            self.db.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error as err:
-            raise CNIError(ERR_STORE, f'failed to lock IPAM store "{self.path}": {err}') from None
-        try:
-            yield self.db
-        except BaseException:
-            self.db.execute("ROLLBACK")
-            raise
-        try:
-            self.db.execute("COMMIT")
-        except sqlite3.Error as err:
-            raise CNIError(
-                ERR_STORE, f'failed to commit to IPAM store "{self.path}": {err}'
-            ) from None
+    def transaction(self) -> AbstractContextManager[sqlite3.Connection]:
+        return write_transaction(self.db, f"IPAM store {self.path}")
 
     # -- reads (inside or outside a transaction) ------------------------------
 
@@ -134,6 +158,14 @@ class Store:
 
     def cooling(self) -> dict[str, float]:
         return dict(self.db.execute("SELECT ip, released_at FROM cooling").fetchall())
+
+    def prefixes(self) -> dict[str, float]:
+        """Blocks held in prefix mode, with the time each was claimed."""
+        return dict(self.db.execute("SELECT cidr, claimed_at FROM prefixes").fetchall())
+
+    def config(self) -> dict[str, Any] | None:
+        row = self.db.execute("SELECT value FROM meta WHERE key = 'config'").fetchone()
+        return json.loads(row[0]) if row else None
 
     # -- writes (inside a transaction) ----------------------------------------
 
@@ -159,4 +191,19 @@ class Store:
         self.db.execute("INSERT OR REPLACE INTO cooling VALUES (?, ?)", (row.ip, released_at))
 
     def forget_cooled(self, before: float) -> None:
-        self.db.execute("DELETE FROM cooling WHERE released_at < ?", (before,))
+        """Forget addresses released at or before ``before``: they have cooled down."""
+        self.db.execute("DELETE FROM cooling WHERE released_at <= ?", (before,))
+
+    def add_prefix(self, cidr: str, claimed_at: float) -> None:
+        self.db.execute("INSERT OR IGNORE INTO prefixes VALUES (?, ?)", (cidr, claimed_at))
+
+    def remove_prefix(self, cidr: str) -> None:
+        self.db.execute("DELETE FROM prefixes WHERE cidr = ?", (cidr,))
+
+    def save_config(self, config: dict[str, Any]) -> None:
+        """Remember the IPAM configuration (written only when it changed)."""
+        if self.config() != config:
+            with self.transaction():
+                self.db.execute(
+                    "INSERT OR REPLACE INTO meta VALUES ('config', ?)", (json.dumps(config),)
+                )

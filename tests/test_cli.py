@@ -66,8 +66,16 @@ def test_install_rejects_a_bad_subnet(tmp_path: Path) -> None:
 def install(tmp_path: Path, *options: object) -> tuple[Path, Path]:
     """Install into scratch directories; return (bin dir, conflist)."""
     bin_dir, conf_dir = tmp_path / "bin", tmp_path / "net.d"
-    proc = sluicectl("install", "--bin-dir", bin_dir, "--conf-dir", conf_dir,
-                     "--state-dir", tmp_path / "state", *options)  # fmt: skip
+    proc = sluicectl(
+        "install",
+        "--bin-dir",
+        bin_dir,
+        "--conf-dir",
+        conf_dir,
+        "--state-dir",
+        tmp_path / "state",
+        *options,
+    )
     assert proc.returncode == 0, proc.stderr
     return bin_dir, conf_dir / "10-sluice.conflist"
 
@@ -77,7 +85,7 @@ def test_status_reports_a_usable_install(tmp_path: Path) -> None:
     proc = sluicectl("status", "--conf", conf, "--bin-dir", bin_dir)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "status:      ready" in proc.stdout
-    assert "10.244.4.0/24: 0 allocated, 253 available" in proc.stdout
+    assert "node-cidr 10.244.4.0/24: 0 allocated, 253 free" in proc.stdout
 
     (bin_dir / "sluice").unlink()
     proc = sluicectl("status", "--conf", conf, "--bin-dir", bin_dir)

@@ -6,6 +6,7 @@ Concurrency and crash tests use separate processes, as plugin calls are.
 from __future__ import annotations
 
 import ipaddress
+import json
 import random
 import signal
 import sqlite3
@@ -13,37 +14,41 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from cni.errors import CNIError
 from ipam import config as ipam_config
-from ipam.nodecidr import NodeCIDRAllocator
-from ipam.store import SCHEMA_VERSION, store_path
+from ipam.allocator import Allocator, open_allocator
+from ipam.prefix import PrefixAllocator
+from ipam.store import MIGRATIONS, SCHEMA_VERSION, store_path
 
 
 def make_config(
     tmp_path: Path, subnet: str = "10.9.0.0/24", **ipam: object
 ) -> ipam_config.NodeCIDRConfig:
-    return ipam_config.parse(
+    config = ipam_config.parse(
         "net1",
         {"stateDir": str(tmp_path), "ipam": {"type": "sluice-ipam", "subnet": subnet, **ipam}},
     )
+    assert isinstance(config, ipam_config.NodeCIDRConfig)
+    return config
 
 
-def ips(allocator: NodeCIDRAllocator) -> list[str]:
+def ips(allocator: Allocator) -> list[str]:
     return sorted((str(a.ip) for a in allocator.allocations()), key=ipaddress.IPv4Address)
 
 
 def test_lowest_free_address_first_skipping_network_gateway_broadcast(tmp_path: Path) -> None:
-    with NodeCIDRAllocator.open(make_config(tmp_path, "10.9.0.0/29")) as allocator:
+    with open_allocator(make_config(tmp_path, "10.9.0.0/29")) as allocator:
         got = [str(allocator.allocate(f"c{i}", "eth0")[0].ip) for i in range(5)]
         assert got == ["10.9.0.2", "10.9.0.3", "10.9.0.4", "10.9.0.5", "10.9.0.6"]
         with pytest.raises(CNIError) as err:
             allocator.allocate("c9", "eth0")
         assert err.value.code == 102
         assert "10.9.0.0/29" in err.value.details and "all 5" in err.value.details
-        assert allocator.available() == 0
+        assert "all 5 are allocated" in (allocator.unavailable_reason() or "")
 
 
 def test_range_and_gateway_are_honoured(tmp_path: Path) -> None:
@@ -51,7 +56,7 @@ def test_range_and_gateway_are_honoured(tmp_path: Path) -> None:
         tmp_path, rangeStart="10.9.0.10", rangeEnd="10.9.0.12", gateway="10.9.0.11"
     )
     assert config.size == 2
-    with NodeCIDRAllocator.open(config) as allocator:
+    with open_allocator(config) as allocator:
         assert [str(allocator.allocate(c, "eth0")[0].ip) for c in "ab"] == [
             "10.9.0.10",
             "10.9.0.12",
@@ -61,7 +66,7 @@ def test_range_and_gateway_are_honoured(tmp_path: Path) -> None:
 
 
 def test_same_attachment_gets_the_same_address(tmp_path: Path) -> None:
-    with NodeCIDRAllocator.open(make_config(tmp_path)) as allocator:
+    with open_allocator(make_config(tmp_path)) as allocator:
         first, created = allocator.allocate("c1", "eth0")
         again, created_again = allocator.allocate("c1", "eth0")
         other, _ = allocator.allocate("c1", "net1")  # another interface of the same pod
@@ -70,42 +75,42 @@ def test_same_attachment_gets_the_same_address(tmp_path: Path) -> None:
 
 
 def test_released_addresses_cool_down(tmp_path: Path) -> None:
-    with NodeCIDRAllocator.open(make_config(tmp_path)) as allocator:
+    with open_allocator(make_config(tmp_path)) as allocator:
         first, _ = allocator.allocate("a", "eth0")
         allocator.release("a", "eth0")
         second, _ = allocator.allocate("b", "eth0")
         assert second.ip != first.ip
-    with NodeCIDRAllocator.open(make_config(tmp_path, cooldownSeconds=0)) as allocator:
+    with open_allocator(make_config(tmp_path, cooldownSeconds=0)) as allocator:
         allocator.release("b", "eth0")
         assert allocator.allocate("c", "eth0")[0].ip == first.ip
 
 
 def test_cooldown_survives_a_restart(tmp_path: Path) -> None:
     config = make_config(tmp_path)
-    with NodeCIDRAllocator.open(config) as allocator:
+    with open_allocator(config) as allocator:
         released, _ = allocator.allocate("a", "eth0")
         allocator.release("a", "eth0")
-    with NodeCIDRAllocator.open(config) as allocator:  # a new process, same store
+    with open_allocator(config) as allocator:  # a new process, same store
         assert allocator.allocate("b", "eth0")[0].ip != released.ip
 
 
 def test_longest_cooled_address_is_reused_when_nothing_else_is_left(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with NodeCIDRAllocator.open(make_config(tmp_path, "10.9.0.0/29")) as allocator:
+    with open_allocator(make_config(tmp_path, "10.9.0.0/29")) as allocator:
         for i in range(5):
             allocator.allocate(f"c{i}", "eth0")
         allocator.release("c3", "eth0")
         time.sleep(0.01)
         allocator.release("c1", "eth0")
-        assert allocator.available() == 2
+        assert allocator.unavailable_reason() is None
         got, _ = allocator.allocate("new", "eth0")
         assert str(got.ip) == "10.9.0.5"  # c3's, released before c1's
         assert "only cooling addresses are left" in caplog.text
 
 
 def test_gc_releases_attachments_not_listed(tmp_path: Path) -> None:
-    with NodeCIDRAllocator.open(make_config(tmp_path)) as allocator:
+    with open_allocator(make_config(tmp_path)) as allocator:
         for cid in "abc":
             allocator.allocate(cid, "eth0")
         released = allocator.gc({("b", "eth0")})
@@ -116,32 +121,46 @@ def test_gc_releases_attachments_not_listed(tmp_path: Path) -> None:
 
 def test_a_newer_store_format_is_refused(tmp_path: Path) -> None:
     config = make_config(tmp_path)
-    NodeCIDRAllocator.open(config).close()
+    open_allocator(config).close()
     with sqlite3.connect(store_path(str(tmp_path), "net1")) as db:
         db.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
     with pytest.raises(CNIError) as err:
-        NodeCIDRAllocator.open(config)
+        open_allocator(config)
     assert err.value.code == 103 and "newer" in err.value.details
 
 
 def test_store_is_durable_wal(tmp_path: Path) -> None:
-    with NodeCIDRAllocator.open(make_config(tmp_path)) as allocator:
+    with open_allocator(make_config(tmp_path)) as allocator:
         db = allocator.store.db
         assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
 
 
+def test_a_format_1_store_is_upgraded_in_place(tmp_path: Path) -> None:
+    path = store_path(str(tmp_path), "net1")
+    Path(path).parent.mkdir(parents=True)
+    with sqlite3.connect(path) as db:
+        for statement in MIGRATIONS[1].split(";"):
+            db.execute(statement)
+        db.execute("INSERT INTO allocations VALUES ('10.9.0.7', 'old', 'eth0', 1.0, '', '')")
+        db.execute("PRAGMA user_version=1")
+    with open_allocator(make_config(tmp_path)) as allocator:
+        assert ips(allocator) == ["10.9.0.7"]
+        assert allocator.store.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+
+
+# -- several processes, as concurrent plugin calls are ---------------------------------
+
 WORKER = """
-import sys
+import json, sys
 sys.path.insert(0, {root!r})
 from ipam import config
-from ipam.nodecidr import NodeCIDRAllocator
-conf = config.parse("net1", {{"stateDir": {state!r}, "ipam": {{"type": "sluice-ipam",
-    "subnet": "10.9.0.0/22", "cooldownSeconds": 0}}}})
+from ipam.allocator import open_allocator
+conf = config.parse("net1", json.loads(sys.argv[4]))
 name, rounds, keep = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "keep"
 i = 0
 while rounds < 0 or i < rounds:
-    with NodeCIDRAllocator.open(conf) as allocator:
+    with open_allocator(conf) as allocator:
         allocation, _ = allocator.allocate(f"{{name}}-{{i}}", "eth0")
         print(allocation.ip, flush=True)
         if not keep:
@@ -150,18 +169,36 @@ while rounds < 0 or i < rounds:
 """
 
 
-def start_worker(tmp_path: Path, name: str, rounds: int, keep: bool) -> subprocess.Popen[str]:
-    script = WORKER.format(root=str(Path(__file__).resolve().parent.parent), state=str(tmp_path))
+def node_cidr_plugin(tmp_path: Path) -> dict[str, Any]:
+    return {
+        "stateDir": str(tmp_path),
+        "ipam": {"type": "sluice-ipam", "subnet": "10.9.0.0/22", "cooldownSeconds": 0},
+    }
+
+
+def start_worker(
+    plugin: dict[str, Any], name: str, rounds: int, keep: bool
+) -> subprocess.Popen[str]:
+    script = WORKER.format(root=str(Path(__file__).resolve().parent.parent))
     return subprocess.Popen(
-        [sys.executable, "-c", script, name, str(rounds), "keep" if keep else "churn"],
+        [
+            sys.executable,
+            "-c",
+            script,
+            name,
+            str(rounds),
+            "keep" if keep else "churn",
+            json.dumps(plugin),
+        ],
         stdout=subprocess.PIPE,
         text=True,
     )
 
 
 def test_concurrent_processes_never_share_an_address(tmp_path: Path) -> None:
-    churners = [start_worker(tmp_path, f"churn{i}", 40, keep=False) for i in range(4)]
-    keepers = [start_worker(tmp_path, f"keep{i}", 40, keep=True) for i in range(6)]
+    plugin = node_cidr_plugin(tmp_path)
+    churners = [start_worker(plugin, f"churn{i}", 40, keep=False) for i in range(4)]
+    keepers = [start_worker(plugin, f"keep{i}", 40, keep=True) for i in range(6)]
     held: list[str] = []
     for proc in keepers:
         out, _ = proc.communicate(timeout=120)
@@ -171,28 +208,232 @@ def test_concurrent_processes_never_share_an_address(tmp_path: Path) -> None:
         proc.communicate(timeout=120)
         assert proc.returncode == 0
     assert len(held) == len(set(held)) == 240
-    with NodeCIDRAllocator.open(make_config(tmp_path, "10.9.0.0/22", cooldownSeconds=0)) as a:
+    with open_allocator(ipam_config.parse("net1", plugin)) as a:
         assert sorted(ips(a)) == sorted(held)
 
 
+def kill_workers_at_random(plugin: dict[str, Any], label: str) -> list[str]:
+    """Run 4 workers (2 keeping what they get), SIGKILL them; return what keepers reported."""
+    workers = [start_worker(plugin, f"{label}w{i}", -1, keep=bool(i % 2)) for i in range(4)]
+    time.sleep(random.uniform(0.2, 0.8))
+    for proc in workers:
+        proc.send_signal(signal.SIGKILL)
+    reported: list[str] = []
+    for index, proc in enumerate(workers):
+        out, _ = proc.communicate()
+        if index % 2:  # keepers: every address they printed was committed
+            reported += out.split()
+    return reported
+
+
 def test_sigkill_at_any_point_loses_nothing_committed(tmp_path: Path) -> None:
-    config = make_config(tmp_path, "10.9.0.0/22", cooldownSeconds=0)
+    plugin = node_cidr_plugin(tmp_path)
+    config = ipam_config.parse("net1", plugin)
     for round_ in range(6):
-        workers = [start_worker(tmp_path, f"r{round_}w{i}", -1, keep=bool(i % 2)) for i in range(4)]
-        time.sleep(random.uniform(0.2, 0.8))
-        for proc in workers:
-            proc.send_signal(signal.SIGKILL)
-        reported: list[str] = []
-        for proc, index in zip(workers, range(4), strict=True):
-            out, _ = proc.communicate()
-            if index % 2:  # keepers: every address they printed was committed
-                reported += out.split()
-        with NodeCIDRAllocator.open(config) as allocator:
+        reported = kill_workers_at_random(plugin, f"r{round_}")
+        with open_allocator(config) as allocator:
             db = allocator.store.db
             assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
             stored = ips(allocator)
             assert len(stored) == len(set(stored))
             assert set(reported) <= set(stored), "a committed allocation was lost"
-    with NodeCIDRAllocator.open(config) as allocator:
+    with open_allocator(config) as allocator:
         allocator.gc(set())
         assert allocator.allocations() == []
+
+
+# -- prefix mode -----------------------------------------------------------------
+
+
+class Clock:
+    """Simulated time, so cooldowns pass without sleeping."""
+
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def prefix_plugin(
+    tmp_path: Path, node: str = "node-a", pool: str = "10.30.0.0/24", **ipam: object
+) -> dict[str, Any]:
+    return {
+        "stateDir": str(tmp_path / node),
+        "ipam": {
+            "type": "sluice-ipam",
+            "mode": "prefix",
+            "pool": pool,
+            "claimsDir": str(tmp_path / "claims"),
+            "nodeName": node,
+            **ipam,
+        },
+    }
+
+
+def open_prefix(tmp_path: Path, clock: Clock | None = None, **kwargs: Any) -> PrefixAllocator:
+    config = ipam_config.parse("net1", prefix_plugin(tmp_path, **kwargs))
+    allocator = open_allocator(config, clock or Clock())
+    assert isinstance(allocator, PrefixAllocator)
+    return allocator
+
+
+def held(allocator: PrefixAllocator) -> list[str]:
+    return sorted(allocator.store.prefixes(), key=ipaddress.IPv4Network)
+
+
+def test_prefix_blocks_are_claimed_only_when_needed(tmp_path: Path) -> None:
+    with open_prefix(tmp_path, warmPrefixes=0) as allocator:
+        assert held(allocator) == []
+        first, _ = allocator.allocate("c0", "eth0")
+        assert first.cidr == "10.30.0.0/32"
+        assert held(allocator) == ["10.30.0.0/28"]
+        for i in range(1, 16):
+            allocator.allocate(f"c{i}", "eth0")
+        assert held(allocator) == ["10.30.0.0/28"]  # 16 pods, still one block
+        allocator.allocate("c16", "eth0")
+        assert held(allocator) == ["10.30.0.0/28", "10.30.0.16/28"]
+
+
+def test_prefix_keeps_a_warm_block(tmp_path: Path) -> None:
+    with open_prefix(tmp_path) as allocator:  # warmPrefixes defaults to 1
+        allocator.allocate("c0", "eth0")
+        assert held(allocator) == ["10.30.0.0/28", "10.30.0.16/28"]
+        for i in range(1, 16):
+            allocator.allocate(f"c{i}", "eth0")
+        allocator.allocate("c16", "eth0")  # goes into the warm block; a new one is claimed
+        assert held(allocator) == ["10.30.0.0/28", "10.30.0.16/28", "10.30.0.32/28"]
+
+
+def test_prefix_fills_the_fullest_block_first(tmp_path: Path) -> None:
+    clock = Clock()
+    with open_prefix(tmp_path, clock, warmPrefixes=0, cooldownSeconds=0) as allocator:
+        for i in range(20):  # block A full, block B holds 4
+            allocator.allocate(f"c{i}", "eth0")
+        for i in (1, 2, 3):
+            allocator.release(f"c{i}", "eth0")  # A now holds 13
+        clock.now += 1
+        got = [str(allocator.allocate(f"n{i}", "eth0")[0].ip) for i in range(3)]
+        assert got == ["10.30.0.1", "10.30.0.2", "10.30.0.3"]  # A refilled, not B
+
+
+def test_prefix_returns_an_empty_block_after_cooldown(tmp_path: Path) -> None:
+    clock = Clock()
+    with open_prefix(tmp_path, clock, warmPrefixes=0, cooldownSeconds=120) as allocator:
+        for i in range(17):
+            allocator.allocate(f"c{i}", "eth0")
+        allocator.release("c16", "eth0")  # the second block is empty but cooling
+        assert held(allocator) == ["10.30.0.0/28", "10.30.0.16/28"]
+        clock.now += 121
+        allocator.gc({(f"c{i}", "eth0") for i in range(16)})
+        assert held(allocator) == ["10.30.0.0/28"]
+        assert [c.block for c in allocator.claims.claims()] == [
+            ipaddress.IPv4Network("10.30.0.0/28")
+        ]
+
+
+def test_prefix_keeps_the_warm_reserve_when_draining(tmp_path: Path) -> None:
+    clock = Clock()
+    with open_prefix(tmp_path, clock, warmPrefixes=1, cooldownSeconds=0) as allocator:
+        for i in range(40):
+            allocator.allocate(f"c{i}", "eth0")
+        assert len(held(allocator)) == 4  # 16 + 16 + 8, plus the warm one
+        allocator.gc(set())
+        assert len(held(allocator)) == 1
+
+
+def test_fragmented_pool_gives_a_clear_error_and_stats(tmp_path: Path) -> None:
+    """Two nodes hold every /28 of a /26, half full: addresses left, no block to claim."""
+    from ipam.report import network_report
+
+    a = open_prefix(tmp_path, node="node-a", pool="10.30.0.0/26", warmPrefixes=0)
+    b = open_prefix(tmp_path, node="node-b", pool="10.30.0.0/26", warmPrefixes=0)
+    with a, b:
+        for i in range(17):
+            a.allocate(f"a{i}", "eth0")
+            b.allocate(f"b{i}", "eth0")
+        for i in range(17, 32):
+            a.allocate(f"a{i}", "eth0")
+        with pytest.raises(CNIError) as err:
+            a.allocate("one-more", "eth0")
+        message = "pool 10.30.0.0/26 has 15 free addresses but no free aligned /28"
+        assert err.value.code == 102 and err.value.details == message
+        assert a.unavailable_reason() == message
+        assert b.unavailable_reason() is None  # b still has room in its own block
+        stats = network_report(a)["stats"]
+        assert stats == {
+            "allocated": 32,
+            "free": 15,
+            "freeAlignedBlocks": 0,
+            "largestFreeBlock": None,
+            "prefixesHeld": 2,
+            "prefixesMinimum": 2,
+            "packing": 1.0,
+        }
+
+
+def test_a_claim_the_node_did_not_record_is_adopted(tmp_path: Path) -> None:
+    with open_prefix(tmp_path, warmPrefixes=0) as allocator:
+        # A crash right after the claim store committed: the claim exists, the
+        # node's store never heard of it.
+        block = allocator.claims.claim("node-a", "net1")
+        assert block is not None and held(allocator) == []
+        allocator.allocate("c0", "eth0")
+        assert held(allocator) == [str(block)]
+
+
+def test_prefix_mode_concurrency_and_kills_across_nodes(tmp_path: Path) -> None:
+    plugins = [
+        prefix_plugin(tmp_path, node=f"node-{n}", pool="10.30.0.0/20", cooldownSeconds=0)
+        for n in "ab"
+    ]
+    for round_ in range(4):
+        for plugin in plugins:
+            plugin["label"] = f"{plugin['ipam']['nodeName']}-r{round_}"
+        workers = [
+            start_worker(
+                {k: v for k, v in p.items() if k != "label"},
+                f"{p['label']}w{i}",
+                25,
+                keep=bool(i % 2),
+            )
+            for p in plugins
+            for i in range(3)
+        ]
+        for proc in workers:
+            proc.communicate(timeout=120)
+            assert proc.returncode == 0
+        kill_workers_at_random(
+            {k: v for k, v in plugins[round_ % 2].items() if k != "label"}, f"k{round_}"
+        )
+    everything: list[str] = []
+    blocks: list[str] = []
+    for plugin in plugins:
+        with open_allocator(
+            ipam_config.parse("net1", {k: v for k, v in plugin.items() if k != "label"})
+        ) as allocator:
+            assert isinstance(allocator, PrefixAllocator)
+            mine = held(allocator)
+            blocks += mine
+            for ip in ips(allocator):
+                everything.append(ip)
+                assert any(ipaddress.IPv4Address(ip) in ipaddress.IPv4Network(b) for b in mine)
+            owners = {str(c.block): c.node for c in allocator.claims.claims()}
+            assert all(owners.get(b) == allocator.config.node_name for b in mine)
+    assert len(everything) == len(set(everything)), "an address was handed out twice"
+    assert len(blocks) == len(set(blocks)), "a block is held by two nodes"
+
+
+def test_a_recorded_block_without_its_claim_is_dropped_or_claimed_again(tmp_path: Path) -> None:
+    clock = Clock()
+    with open_prefix(tmp_path, clock, warmPrefixes=1, cooldownSeconds=0) as allocator:
+        allocator.allocate("c0", "eth0")
+        busy_block, empty_block = (ipaddress.IPv4Network(b) for b in held(allocator))
+        # A crash while giving blocks back: the claims are gone, the records stay.
+        allocator.claims.release(busy_block, "node-a")
+        allocator.claims.release(empty_block, "node-a")
+        allocator.allocate("c1", "eth0")
+        owners = {c.block: c.node for c in allocator.claims.claims()}
+        assert owners[busy_block] == "node-a"  # it holds c0: claimed back
+        assert str(busy_block) in held(allocator)
+        assert all(owners.get(ipaddress.IPv4Network(b)) == "node-a" for b in held(allocator))

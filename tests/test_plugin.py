@@ -315,9 +315,11 @@ def test_add_rolls_back_a_delegated_ipam(
     assert network.veths() == []
 
 
-def start_add(network: Network, netns: str, container_id: str) -> subprocess.Popen[bytes]:
-    """Start an ADD in the background, as a runtime does."""
-    stdin = network.state_dir.parent / f"add-{container_id}.json"
+def start_add(
+    network: Network, netns: str, container_id: str, command: str = "ADD"
+) -> subprocess.Popen[bytes]:
+    """Start a verb in the background, as a runtime does."""
+    stdin = network.state_dir.parent / f"{command}-{container_id}.json"
     stdin.write_text(json.dumps(network.config()))
     with stdin.open("rb") as config:
         return subprocess.Popen(
@@ -327,7 +329,7 @@ def start_add(network: Network, netns: str, container_id: str) -> subprocess.Pop
             stderr=subprocess.PIPE,
             env={
                 "PATH": "/usr/sbin:/usr/bin",
-                "CNI_COMMAND": "ADD",
+                "CNI_COMMAND": command,
                 "CNI_CONTAINERID": container_id,
                 "CNI_NETNS": netns,
                 "CNI_IFNAME": "eth0",
@@ -369,6 +371,24 @@ def test_sigkill_at_any_point_of_add_then_del_cleans_up(
         network.delete("", f"k{attempt}").ok()
         pods.remove(netns)
     assert_nothing_left(network)
+
+
+def test_sigkill_at_any_point_of_del_then_del_or_gc_cleans_up(
+    network: Network, pods: PodNamespaces
+) -> None:
+    for attempt in range(8):
+        netns = pods.new()
+        network.add(netns, f"d{attempt}")
+        proc = start_add(network, netns, f"d{attempt}", command="DEL")
+        time.sleep(random.uniform(0.1, 0.5))
+        proc.kill()
+        proc.communicate()
+        if attempt % 2:
+            network.delete(netns, f"d{attempt}").ok()
+        else:
+            network.run("GC").ok()  # no valid attachment left
+        assert_nothing_left(network)
+        pods.remove(netns)
 
 
 def test_concurrent_adds_never_share_an_address(network: Network, pods: PodNamespaces) -> None:

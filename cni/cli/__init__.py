@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from cni.cli.install import install
+from cni.cli.ipam import ipam
 from cni.cli.status import status
 
 
@@ -14,6 +15,7 @@ def cli() -> None:
 
 
 cli.add_command(install)
+cli.add_command(ipam)
 cli.add_command(status)
 
 

@@ -96,15 +96,16 @@ def _ipam_summary(request: Request) -> str:
         return f"{ipam.get('type')} (delegated)"
     try:
         from ipam import config as ipam_config
-        from ipam.nodecidr import NodeCIDRAllocator
+        from ipam.allocator import open_allocator
+        from ipam.report import network_report
 
         config = ipam_config.parse(request.network, request.config)
-        with NodeCIDRAllocator.open(config) as allocator:
-            allocated = len(allocator.allocations())
-            available = allocator.available()
+        with open_allocator(config) as allocator:
+            report = network_report(allocator)
+        stats, where = report["stats"], report.get("subnet") or report.get("pool")
         return (
-            f"sluice-ipam {config.subnet}: {allocated} allocated, {available} available "
-            f"(store {config.state_dir})"
+            f"sluice-ipam {report['mode']} {where}: {stats['allocated']} allocated, "
+            f"{stats['free']} free (store {config.state_dir})"
         )
     except CNIError as err:
         return f"sluice-ipam: {err.details}"

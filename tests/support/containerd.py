@@ -667,14 +667,26 @@ state = "{self.state}"
     ) -> CtrRun:
         """Start ``ctr run --rm --cni`` in the background (see ``CtrRun``)."""
         argv = [
-            "ctr", "--address", str(self.socket), "--namespace", namespace,
-            "run", "--rm", "--cni",
-            "--snapshotter", self.snapshotter,
-            "--fifo-dir", str(self.fifo_dir),
-            "--runc-root", str(self.runc_root),
-            "--cgroup", f"{self.cgroup_parent}/{container_id}",
-            image, container_id, *cmd,
-        ]  # fmt: skip
+            "ctr",
+            "--address",
+            str(self.socket),
+            "--namespace",
+            namespace,
+            "run",
+            "--rm",
+            "--cni",
+            "--snapshotter",
+            self.snapshotter,
+            "--fifo-dir",
+            str(self.fifo_dir),
+            "--runc-root",
+            str(self.runc_root),
+            "--cgroup",
+            f"{self.cgroup_parent}/{container_id}",
+            image,
+            container_id,
+            *cmd,
+        ]
         self._ids.add(container_id)
         run = CtrRun(argv, container_id, namespace)
         self._runs.append(run)
@@ -684,10 +696,18 @@ state = "{self.state}"
         self, run: CtrRun, *cmd: str, check: bool = True, timeout: float = 30.0
     ) -> subprocess.CompletedProcess[str]:
         return self.ctr(
-            "tasks", "exec", "--exec-id", unique_id("exec"), "--fifo-dir", self.fifo_dir,
-            run.container_id, *cmd,
-            namespace=run.namespace, check=check, timeout=timeout,
-        )  # fmt: skip
+            "tasks",
+            "exec",
+            "--exec-id",
+            unique_id("exec"),
+            "--fifo-dir",
+            self.fifo_dir,
+            run.container_id,
+            *cmd,
+            namespace=run.namespace,
+            check=check,
+            timeout=timeout,
+        )
 
     def stop_run(self, run: CtrRun, timeout: float = 20.0) -> int | None:
         """SIGKILL the task (sleep as PID 1 ignores SIGTERM) and let ctr clean up.
@@ -722,11 +742,17 @@ state = "{self.state}"
             # An explicit (empty) config stops crictl from reading /etc/crictl.yaml.
             config.write_text("")
         argv = [
-            crictl, "--config", str(config),
-            "--runtime-endpoint", endpoint, "--image-endpoint", endpoint,
-            "--timeout", f"{int(timeout)}s",
+            crictl,
+            "--config",
+            str(config),
+            "--runtime-endpoint",
+            endpoint,
+            "--image-endpoint",
+            endpoint,
+            "--timeout",
+            f"{int(timeout)}s",
             *args,
-        ]  # fmt: skip
+        ]
         return run_cmd(argv, check=check, timeout=timeout + 5)
 
     def crictl_json(self, command: str, *args: str, timeout: float = 60.0) -> dict[str, Any]:

@@ -21,10 +21,38 @@ BUSYBOX = Path("/bin/busybox")
 
 # Applets the tests (and people debugging them) want inside the container.
 APPLETS = (
-    "sh", "ash", "ip", "ping", "sleep", "nc", "cat", "echo", "hostname", "wget", "ls",
-    "ps", "kill", "mount", "grep", "sed", "awk", "ifconfig", "route", "true", "false",
-    "env", "id", "nslookup", "printf", "test", "[", "timeout", "nsenter", "arp", "traceroute",
-)  # fmt: skip
+    "sh",
+    "ash",
+    "ip",
+    "ping",
+    "sleep",
+    "nc",
+    "cat",
+    "echo",
+    "hostname",
+    "wget",
+    "ls",
+    "ps",
+    "kill",
+    "mount",
+    "grep",
+    "sed",
+    "awk",
+    "ifconfig",
+    "route",
+    "true",
+    "false",
+    "env",
+    "id",
+    "nslookup",
+    "printf",
+    "test",
+    "[",
+    "timeout",
+    "nsenter",
+    "arp",
+    "traceroute",
+)
 
 DEFAULT_CMD = ["/bin/sleep", "infinity"]
 PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

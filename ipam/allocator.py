@@ -1,0 +1,136 @@
+"""What both allocation modes share: allocations keyed by attachment, release,
+GC, and the store they live in.
+
+An attachment is (container id, ifname) within the store's network. A mode
+only decides which address a new attachment gets and when an ADD cannot be
+served.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ipam.config import IPAMConfig, NodeCIDRConfig, PrefixConfig
+from ipam.store import AllocationRow, Store, store_path
+
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True)
+class Allocation:
+    ip: ipaddress.IPv4Address
+    prefixlen: int
+    container_id: str
+    ifname: str
+    allocated_at: float
+    pod_namespace: str = ""
+    pod_name: str = ""
+
+    @property
+    def cidr(self) -> str:
+        return f"{self.ip}/{self.prefixlen}"
+
+
+class Allocator:
+    """Base of the two modes; ``allocate`` and ``unavailable_reason`` are theirs."""
+
+    config: IPAMConfig
+    prefixlen: int  # the prefix length reported with each address
+
+    def __init__(self, config: IPAMConfig, store: Store, clock: Clock = time.time) -> None:
+        self.config = config
+        self.store = store
+        self.clock = clock
+        store.save_config(config.to_json())
+
+    def close(self) -> None:
+        self.store.close()
+
+    def __enter__(self) -> Allocator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _allocation(self, row: AllocationRow) -> Allocation:
+        return Allocation(
+            ipaddress.IPv4Address(row.ip),
+            self.prefixlen,
+            row.container_id,
+            row.ifname,
+            row.allocated_at,
+            row.pod_namespace,
+            row.pod_name,
+        )
+
+    def allocate(
+        self, container_id: str, ifname: str, pod_namespace: str = "", pod_name: str = ""
+    ) -> tuple[Allocation, bool]:
+        """The attachment's address, allocating one if it has none; True if new."""
+        raise NotImplementedError
+
+    def unavailable_reason(self) -> str | None:
+        """Why an ADD could not get an address now, or None if it could."""
+        raise NotImplementedError
+
+    def find(self, container_id: str, ifname: str) -> Allocation | None:
+        row = self.store.allocation_for(container_id, ifname)
+        return self._allocation(row) if row else None
+
+    def allocations(self) -> list[Allocation]:
+        return [self._allocation(row) for row in self.store.allocations()]
+
+    def cooling(self) -> dict[str, float]:
+        """Released addresses still cooling down, with their release time."""
+        return {
+            ip: released
+            for ip, released in self.store.cooling().items()
+            if self.clock() - released < self.config.cooldown_seconds
+        }
+
+    def release(self, container_id: str, ifname: str) -> Allocation | None:
+        with self.store.transaction():
+            row = self.store.allocation_for(container_id, ifname)
+            if row is not None:
+                self.store.release(row, self.clock())
+            self._after_change()
+        self._after_commit()
+        return self._allocation(row) if row else None
+
+    def gc(self, valid: set[tuple[str, str]]) -> list[Allocation]:
+        """Release every allocation whose (container id, ifname) is not in ``valid``."""
+        with self.store.transaction():
+            stale = [
+                row
+                for row in self.store.allocations()
+                if (row.container_id, row.ifname) not in valid
+            ]
+            for row in stale:
+                self.store.release(row, self.clock())
+            self._after_change()
+        self._after_commit()
+        return [self._allocation(row) for row in stale]
+
+    def _after_change(self) -> None:
+        """Hook inside the write transaction that released addresses."""
+
+    def _after_commit(self) -> None:
+        """Hook after that transaction committed."""
+
+
+def open_allocator(config: NodeCIDRConfig | PrefixConfig, clock: Clock = time.time) -> Allocator:
+    store = Store(store_path(config.state_dir, config.network), config.network)
+    try:
+        if isinstance(config, PrefixConfig):
+            from ipam.prefix import PrefixAllocator
+
+            return PrefixAllocator(config, store, clock)
+        from ipam.nodecidr import NodeCIDRAllocator
+
+        return NodeCIDRAllocator(config, store, clock)
+    except BaseException:
+        store.close()
+        raise

@@ -1,0 +1,213 @@
+"""Prefix mode: the node claims aligned blocks of a shared pool as it needs them.
+
+- A block is claimed only when every block the node holds is full (plus
+  ``warmPrefixes`` empty blocks kept in reserve, so an ADD rarely waits for
+  a claim).
+- A new address goes into the fullest block that still has room (ties: the
+  lowest block), so that lightly used blocks drain and can be given back.
+- A block with nothing allocated and nothing cooling is returned to the
+  pool, except for the warm reserve.
+- When no block is free the pool is fragmented or exhausted, and ADD fails
+  with a message that says which.
+
+Claims and the node's record of them live in two databases, so every change
+to both happens while the node's store is locked, and each change begins by
+reconciling them: a claim the node did not record (a crash after claiming)
+is adopted; a recorded block the node no longer has a claim for (a crash
+while giving it back) is dropped if it is empty, claimed again if it is not.
+So no process can allocate from a block its node does not hold a claim for.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+
+from cni.errors import ERR_NO_ADDRESS, ERR_STORE, CNIError
+from ipam.allocator import Allocation, Allocator, Clock
+from ipam.claims import Claim, LocalClaimStore
+from ipam.config import PrefixConfig
+from ipam.store import AllocationRow, Store
+
+log = logging.getLogger("sluice.ipam")
+Block = ipaddress.IPv4Network
+
+
+class PrefixAllocator(Allocator):
+    config: PrefixConfig
+
+    def __init__(self, config: PrefixConfig, store: Store, clock: Clock) -> None:
+        super().__init__(config, store, clock)
+        self.prefixlen = 32  # each pod owns one address; nothing is on-link
+        self.claims = LocalClaimStore(config.claims_dir, config.pool, config.prefix_length)
+
+    def close(self) -> None:
+        self.claims.close()
+        super().close()
+
+    # -- the node's view of its blocks (call inside a transaction) --------------
+
+    def held(self) -> list[Block]:
+        """Blocks this node holds, reconciled with the claim store (see above)."""
+        recorded = {ipaddress.IPv4Network(cidr) for cidr in self.store.prefixes()}
+        claims = {c.block: c for c in self.claims.claims()}
+        mine = {b for b, c in claims.items() if self._is_mine(c)}
+        for block in mine - recorded:
+            log.warning("adopting block %s, claimed but not recorded", block)
+            self.store.add_prefix(str(block), claims[block].claimed_at)
+        for block in recorded - mine:
+            self._reclaim(block, claims.get(block))
+        return sorted(ipaddress.IPv4Network(cidr) for cidr in self.store.prefixes())
+
+    def _is_mine(self, claim: Claim) -> bool:
+        return claim.node == self.config.node_name and claim.network == self.config.network
+
+    def _reclaim(self, block: Block, claim: Claim | None) -> None:
+        """A recorded block without this node's claim: drop it, or claim it back."""
+        busy = [ip for ip in self._busy() if ipaddress.IPv4Address(ip) in block]
+        if not busy:
+            log.warning("dropping block %s: recorded, but no longer claimed", block)
+            self.store.remove_prefix(str(block))
+            return
+        if claim is None and self.claims.claim_block(
+            block, self.config.node_name, self.config.network
+        ):
+            log.warning("claimed block %s again: it still holds %s", block, busy)
+            return
+        owner = f"{claim.node}/{claim.network}" if claim else "nobody"
+        raise CNIError(
+            ERR_STORE,
+            f"block {block} holds addresses {busy} of this node but is claimed by {owner}; "
+            "run `sluicectl ipam check`",
+        )
+
+    def usage(self, held: list[Block]) -> dict[Block, int]:
+        """Addresses allocated or cooling in each held block."""
+        busy = [ipaddress.IPv4Address(ip) for ip in self._busy()]
+        return {block: sum(1 for ip in busy if ip in block) for block in held}
+
+    def _busy(self) -> set[str]:
+        return {row.ip for row in self.store.allocations()} | set(self.cooling())
+
+    def _claim(self) -> Block | None:
+        block = self.claims.claim(self.config.node_name, self.config.network)
+        if block is not None:
+            self.store.add_prefix(str(block), self.clock())
+            log.info("claimed block %s from pool %s", block, self.config.pool)
+        return block
+
+    # -- allocation -------------------------------------------------------------
+
+    def allocate(
+        self, container_id: str, ifname: str, pod_namespace: str = "", pod_name: str = ""
+    ) -> tuple[Allocation, bool]:
+        with self.store.transaction():
+            existing = self.store.allocation_for(container_id, ifname)
+            if existing is not None:
+                return self._allocation(existing), False
+            now = self.clock()
+            self.store.forget_cooled(now - self.config.cooldown_seconds)
+            address = self._choose(self.held())
+            row = AllocationRow(str(address), container_id, ifname, now, pod_namespace, pod_name)
+            self.store.insert_allocation(row)
+            self._keep_warm()
+            self._after_change()
+        self._after_commit()
+        return self._allocation(row), True
+
+    def _choose(self, held: list[Block]) -> ipaddress.IPv4Address:
+        busy = self._busy()
+        usage = self.usage(held)
+        open_blocks = [b for b in held if usage[b] < b.num_addresses]
+        if open_blocks:
+            block = max(open_blocks, key=lambda b: (usage[b], -int(b.network_address)))
+            return next(ip for ip in block if str(ip) not in busy)
+        block = self._claim()
+        if block is not None:
+            return block.network_address
+        return self._longest_cooled(held)
+
+    def _longest_cooled(self, held: list[Block]) -> ipaddress.IPv4Address:
+        taken = {row.ip for row in self.store.allocations()}
+        cooling = [
+            (released, ip)
+            for ip, released in self.store.cooling().items()
+            if ip not in taken and any(ipaddress.IPv4Address(ip) in b for b in held)
+        ]
+        if not cooling:
+            raise CNIError(ERR_NO_ADDRESS, self._no_block())
+        released, ip = min(cooling)
+        log.warning(
+            "no free block in pool %s and only cooling addresses in this node's blocks: "
+            "reusing %s, released %.0f s ago",
+            self.config.pool,
+            ip,
+            self.clock() - released,
+        )
+        return ipaddress.IPv4Address(ip)
+
+    def _reserve(self) -> int:
+        """Free addresses the warm reserve asks for: warmPrefixes blocks' worth."""
+        return self.config.warm_prefixes * self.config.block_size
+
+    @staticmethod
+    def _spare(usage: dict[Block, int]) -> int:
+        return sum(block.num_addresses - used for block, used in usage.items())
+
+    def _keep_warm(self) -> None:
+        """Claim blocks until the free addresses held cover the warm reserve (best effort)."""
+        while self._spare(self.usage(self.held())) < self._reserve():
+            if self._claim() is None:
+                break
+
+    def _after_change(self) -> None:
+        """Give back empty blocks the warm reserve does not need, highest first.
+
+        The claim goes first, then the record; a crash in between leaves a
+        record without a claim, which the next change drops (it is empty).
+        """
+        self.store.forget_cooled(self.clock() - self.config.cooldown_seconds)
+        usage = self.usage(self.held())
+        spare = self._spare(usage)
+        for block in sorted((b for b, used in usage.items() if used == 0), reverse=True):
+            if spare - block.num_addresses < self._reserve():
+                break
+            spare -= block.num_addresses
+            self.claims.release(block, self.config.node_name)
+            self.store.remove_prefix(str(block))
+            log.info("returned empty block %s to pool %s", block, self.config.pool)
+
+    def _after_commit(self) -> None:
+        held = [ipaddress.IPv4Network(c) for c in self.store.prefixes()]
+        self.claims.report_usage(self.config.node_name, self.usage(held))
+
+    # -- availability -------------------------------------------------------------
+
+    def pool_free(self) -> int:
+        """Addresses of the pool that nobody allocated or cools, this node's exactly."""
+        own = self.usage([ipaddress.IPv4Network(c) for c in self.store.prefixes()])
+        others = sum(
+            c.used
+            for c in self.claims.claims()
+            if not (c.node == self.config.node_name and c.network == self.config.network)
+        )
+        return self.config.pool.num_addresses - others - sum(own.values())
+
+    def free_blocks(self) -> int:
+        total = 2 ** (self.config.prefix_length - self.config.pool.prefixlen)
+        return total - len(self.claims.claims())
+
+    def _no_block(self) -> str:
+        free = self.pool_free()
+        pool, length = self.config.pool, self.config.prefix_length
+        if free > 0:
+            return f"pool {pool} has {free} free addresses but no free aligned /{length}"
+        return f"pool {pool} is exhausted: all {pool.num_addresses} addresses are in use"
+
+    def unavailable_reason(self) -> str | None:
+        held = [ipaddress.IPv4Network(c) for c in self.store.prefixes()]
+        taken = {row.ip for row in self.store.allocations()}
+        room = sum(1 for b in held for ip in b if str(ip) not in taken)  # cooling counts
+        if room > 0 or self.free_blocks() > 0:
+            return None
+        return self._no_block()

@@ -1,0 +1,178 @@
+"""What ``sluicectl ipam show`` prints: pools, prefixes, allocations, fragmentation.
+
+The JSON form is a stable schema (documented in the README):
+
+    {"networks": [{"name", "mode", "subnet" | "pool", "prefixLength",
+                   "allocations": [{"containerID", "ifname", "ip", "allocatedAt", ...}],
+                   "prefixes": [{"cidr", "used", "cooling", "free"}],
+                   "cooling": [{"ip", "releasedAt"}],
+                   "stats": {"allocated", "free", "freeAlignedBlocks", "largestFreeBlock",
+                             "prefixesHeld", "prefixesMinimum", "packing"}}]}
+
+Numbers are recomputed from the store on every call, so they cannot drift.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import Any
+
+from ipam.allocator import Allocator
+from ipam.nodecidr import NodeCIDRAllocator
+from ipam.prefix import PrefixAllocator
+
+Network = ipaddress.IPv4Network
+NODE_CIDR_BLOCK = 28  # the block size fragmentation is measured in, in node-CIDR mode
+
+
+def timestamp(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def aligned_blocks(space: Iterable[Network], prefix_length: int) -> int:
+    """How many aligned /prefix_length blocks fit entirely in ``space``."""
+    return sum(
+        2 ** (prefix_length - net.prefixlen) for net in space if net.prefixlen <= prefix_length
+    )
+
+
+def largest(space: list[Network]) -> str | None:
+    if not space:
+        return None
+    return str(min(space, key=lambda n: (n.prefixlen, int(n.network_address))))
+
+
+def unclaimed_space(pool: Network, prefix_length: int, claimed: Iterable[Network]) -> list[Network]:
+    """The pool minus the claimed blocks, as the largest aligned networks."""
+    taken = set(claimed)
+    free = (b for b in pool.subnets(new_prefix=prefix_length) if b not in taken)
+    return list(ipaddress.collapse_addresses(free))
+
+
+def network_report(allocator: Allocator) -> dict[str, Any]:
+    allocations = sorted(allocator.allocations(), key=lambda a: a.ip)
+    cooling = allocator.cooling()
+    report: dict[str, Any] = {
+        "name": allocator.config.network,
+        "mode": allocator.config.to_json()["mode"],
+        "allocations": [
+            {
+                "containerID": a.container_id,
+                "ifname": a.ifname,
+                "ip": str(a.ip),
+                "allocatedAt": timestamp(a.allocated_at),
+                "podNamespace": a.pod_namespace,
+                "podName": a.pod_name,
+            }
+            for a in allocations
+        ],
+        "cooling": [
+            {"ip": ip, "releasedAt": timestamp(released)}
+            for ip, released in sorted(
+                cooling.items(), key=lambda item: ipaddress.IPv4Address(item[0])
+            )
+        ],
+    }
+    if isinstance(allocator, PrefixAllocator):
+        report.update(_prefix_part(allocator, len(allocations)))
+    elif isinstance(allocator, NodeCIDRAllocator):
+        report.update(_node_cidr_part(allocator, len(allocations), cooling))
+    return report
+
+
+def _node_cidr_part(
+    allocator: NodeCIDRAllocator, allocated: int, cooling: dict[str, float]
+) -> dict[str, Any]:
+    busy = {str(a.ip) for a in allocator.allocations()} | set(cooling)
+    free = [ip for ip in allocator.candidates() if str(ip) not in busy]
+    space = list(ipaddress.collapse_addresses(free))
+    return {
+        "subnet": str(allocator.config.subnet),
+        "prefixLength": None,
+        "prefixes": [],
+        "stats": {
+            "allocated": allocated,
+            "free": len(free),
+            "freeAlignedBlocks": aligned_blocks(space, NODE_CIDR_BLOCK),
+            "largestFreeBlock": largest(space),
+            "prefixesHeld": None,
+            "prefixesMinimum": None,
+            "packing": None,
+        },
+    }
+
+
+def _prefix_part(allocator: PrefixAllocator, allocated: int) -> dict[str, Any]:
+    config = allocator.config
+    held = sorted(ipaddress.IPv4Network(c) for c in allocator.store.prefixes())
+    taken = [a.ip for a in allocator.allocations()]
+    cooling = [ipaddress.IPv4Address(ip) for ip in allocator.cooling()]
+    prefixes = []
+    for block in held:
+        used = sum(1 for ip in taken if ip in block)
+        cool = sum(1 for ip in cooling if ip in block)
+        prefixes.append(
+            {
+                "cidr": str(block),
+                "used": used,
+                "cooling": cool,
+                "free": block.num_addresses - used - cool,
+            }
+        )
+    claimed = (c.block for c in allocator.claims.claims())
+    space = unclaimed_space(config.pool, config.prefix_length, claimed)
+    minimum = math.ceil(allocated / config.block_size)
+    return {
+        "pool": str(config.pool),
+        "prefixLength": config.prefix_length,
+        "node": config.node_name,
+        "prefixes": prefixes,
+        "stats": {
+            "allocated": allocated,
+            "free": allocator.pool_free(),
+            "freeAlignedBlocks": aligned_blocks(space, config.prefix_length),
+            "largestFreeBlock": largest(space),
+            "prefixesHeld": len(held),
+            "prefixesMinimum": minimum,
+            "packing": round(len(held) / minimum, 3) if minimum else None,
+        },
+    }
+
+
+def render_table(report: dict[str, Any]) -> str:
+    """The human form: the fragmentation numbers first, then the details."""
+    lines: list[str] = []
+    for net in report["networks"]:
+        stats = net["stats"]
+        where = net.get("subnet") or f"{net['pool']} (blocks of /{net['prefixLength']})"
+        lines.append(f"network {net['name']}  mode {net['mode']}  {where}")
+        lines.append(
+            f"  allocated {stats['allocated']}  free {stats['free']}  "
+            f"cooling {len(net['cooling'])}  free aligned /"
+            f"{net['prefixLength'] or NODE_CIDR_BLOCK} blocks {stats['freeAlignedBlocks']}  "
+            f"largest free block {stats['largestFreeBlock'] or 'none'}"
+        )
+        if net["mode"] == "prefix":
+            packing = stats["packing"]
+            lines.append(
+                f"  node {net['node']}  prefixes held {stats['prefixesHeld']}  minimum "
+                f"{stats['prefixesMinimum']}  packing {packing if packing else '-'}"
+            )
+            lines.append(f"  {'PREFIX':<20}{'USED':>6}{'COOLING':>9}{'FREE':>6}")
+            for p in net["prefixes"]:
+                lines.append(f"  {p['cidr']:<20}{p['used']:>6}{p['cooling']:>9}{p['free']:>6}")
+        if net["allocations"]:
+            lines.append(f"  {'IP':<17}{'CONTAINER':<26}{'IFNAME':<8}{'POD':<30}ALLOCATED")
+            for a in net["allocations"]:
+                pod = f"{a['podNamespace']}/{a['podName']}" if a["podName"] else "-"
+                lines.append(
+                    f"  {a['ip']:<17}{a['containerID'][:24]:<26}{a['ifname']:<8}"
+                    f"{pod[:28]:<30}{a['allocatedAt']}"
+                )
+        for c in net["cooling"]:
+            lines.append(f"  cooling {c['ip']} since {c['releasedAt']}")
+        lines.append("")
+    return "\n".join(lines)
