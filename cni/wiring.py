@@ -99,6 +99,18 @@ def host_routed_ips(host: IPRoute, host_link: link.Link) -> list[str]:
     ]
 
 
+def pod_routed_to(host: IPRoute, ip: str) -> str | None:
+    """The alias of the sluice veth the node routes ``ip`` to, if any."""
+    for msg in host.route("get", dst=ip):
+        oif = msg.get("RTA_OIF")
+        if oif:
+            (dev,) = host.link("get", index=oif)
+            alias = dev.get("IFLA_IFALIAS")
+            if link.parse_alias(alias):
+                return alias
+    return None
+
+
 def unwire(host: IPRoute, attachment: Attachment) -> list[str]:
     """Delete the pair (the pod end goes with it); return the pod addresses it carried.
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
@@ -76,9 +77,29 @@ def open_database(path: str) -> sqlite3.Connection:
     """A connection in autocommit mode; transactions are explicit (BEGIN IMMEDIATE)."""
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
     db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None)
-    db.execute("PRAGMA journal_mode=WAL")
+    _use_wal(db)
     db.execute("PRAGMA synchronous=FULL")
     return db
+
+
+def _use_wal(db: sqlite3.Connection) -> None:
+    """Switch a new database to WAL (the mode persists in the file).
+
+    The switch needs an exclusive lock, and SQLite does not wait for it the
+    way it waits for a write lock, so processes creating the same database at
+    once retry here.
+    """
+    deadline = time.monotonic() + BUSY_TIMEOUT_SECONDS
+    while True:
+        try:
+            if db.execute("PRAGMA journal_mode").fetchone()[0] == "wal":
+                return
+            db.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as err:
+            if "locked" not in str(err) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
 
 
 @contextmanager

@@ -437,3 +437,13 @@ def test_a_recorded_block_without_its_claim_is_dropped_or_claimed_again(tmp_path
         assert owners[busy_block] == "node-a"  # it holds c0: claimed back
         assert str(busy_block) in held(allocator)
         assert all(owners.get(ipaddress.IPv4Network(b)) == "node-a" for b in held(allocator))
+
+
+def test_many_processes_creating_a_store_at_once(tmp_path: Path) -> None:
+    """The first ADDs on a node race to create the store (and switch it to WAL)."""
+    for round_ in range(5):
+        plugin = node_cidr_plugin(tmp_path / f"round{round_}")
+        workers = [start_worker(plugin, f"w{i}", 1, keep=True) for i in range(8)]
+        for proc in workers:
+            proc.communicate(timeout=60)
+            assert proc.returncode == 0

@@ -679,3 +679,21 @@ def test_delegates_every_verb_to_an_exec_ipam(network: Network, pods: PodNamespa
     run = network.run("STATUS", network.config(ipam=tiny), cni_path=cni_path)
     assert run.error_code == 50
     network.delete(netns, "c2", config=network.config(ipam=tiny), cni_path=cni_path).ok()
+
+
+def test_a_late_del_with_a_stale_prev_result_spares_the_new_owner(
+    network: Network, pods: PodNamespaces
+) -> None:
+    config = network.config(
+        ipam={"type": "sluice-ipam", "subnet": network.subnet, "cooldownSeconds": 0}
+    )
+    old_ns, new_ns = pods.new(), pods.new()
+    old = network.add(old_ns, "old", config=config)
+    network.delete(old_ns, "old", config=config).ok()
+    new = network.add(new_ns, "new", config=config)
+    assert pod_ip(new) == pod_ip(old)  # no cooldown: the address is reused at once
+    # The runtime repeats the old pod's DEL with its old result.
+    network.delete(old_ns, "old", config=network.config(ipam=config["ipam"], prevResult=old)).ok()
+    assert network.masqueraded() == {pod_ip(new)}
+    network.check(new_ns, "new", new).ok()
+    network.delete(new_ns, "new", config=config).ok()

@@ -18,11 +18,15 @@ from cni.verbs import load_conf
 def run(request: Request) -> None:
     conf = load_conf(request)
     attachment = wiring.Attachment.of(request)
-    with IPRoute() as host:
-        ips = set(wiring.unwire(host, attachment))
     ipam = ipam_client.for_request(request)
-    ips.update(prev_ips(request))
-    ips.update(ipam.addresses())
+    with IPRoute() as host:
+        ips = set(wiring.unwire(host, attachment)) | set(ipam.addresses())
+        # prevResult may be stale (a late DEL): skip an address another pod now has.
+        ips.update(
+            ip
+            for ip in prev_ips(request)
+            if ip not in ips and wiring.pod_routed_to(host, ip) is None
+        )
     if conf.ip_masq and ips:
         masq.remove(conf.network, sorted(ips))
     ipam.delete()
