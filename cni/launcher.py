@@ -26,11 +26,16 @@ ENTRY_POINTS = {"sluice": "cni.main", "sluice-ipam": "cni.ipam_plugin"}
 
 
 def import_paths() -> list[str]:
-    """Where sluice's packages and its dependencies (the environment's) live."""
+    """Where sluice's packages and its dependencies live: the project, the environment's
+    packages, and last the system's (bcc comes from the distribution, for the one
+    compile of the datapath on a node without an agent)."""
     spec = importlib.util.find_spec("cni")
     assert spec is not None and spec.origin is not None
-    project = os.path.dirname(os.path.dirname(spec.origin))
-    return list(dict.fromkeys([project, sysconfig.get_paths()["purelib"]]))
+    paths = [os.path.dirname(os.path.dirname(spec.origin)), sysconfig.get_paths()["purelib"]]
+    bcc = importlib.util.find_spec("bcc")
+    if bcc is not None and bcc.submodule_search_locations:
+        paths.append(os.path.dirname(next(iter(bcc.submodule_search_locations))))
+    return list(dict.fromkeys(paths))
 
 
 def render(executable: str) -> str:

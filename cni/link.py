@@ -93,7 +93,7 @@ def create_veth(
     mtu: int,
     pod_mac: str | None,
 ) -> None:
-    """Create the pair with the pod end directly inside the pod's namespace."""
+    """Create the pair with the pod end directly inside the pod's namespace (both down)."""
     peer: dict[str, object] = {"ifname": pod_ifname, "net_ns_fd": pod_ns_fd, "mtu": mtu}
     if pod_mac:
         peer["address"] = pod_mac
@@ -101,7 +101,7 @@ def create_veth(
         host.link("add", ifname=host_name, kind="veth", address=HOST_MAC, mtu=mtu, peer=peer)
     # The kernel ignores IFLA_IFALIAS in RTM_NEWLINK; it must be set afterwards.
     with kernel_op(f'label veth "{host_name}"'):
-        host.link("set", ifname=host_name, ifalias=alias, state="up")
+        host.link("set", ifname=host_name, ifalias=alias)
 
 
 def delete_link(ipr: IPRoute, name: str) -> bool:

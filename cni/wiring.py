@@ -16,6 +16,7 @@ import ipaddress
 from dataclasses import dataclass
 
 from cni import addr, link, route
+from cni.datapath import endpoint
 from cni.netlink import IPRoute
 from cni.netns import Netns
 from cni.protocol import Request
@@ -68,14 +69,21 @@ def wire(
     pod_mac: str | None,
     addresses: list[str],
     routes: list[Route],
+    bpf_dir: str,
 ) -> tuple[link.Link, link.Link]:
-    """Create and configure the pair; return the (node-side, pod-side) links."""
+    """Create and configure the pair; return the (node-side, pod-side) links.
+
+    The datapath is attached to the node-side veth before either end is up,
+    so no packet ever crosses the pair unjudged.
+    """
     ifname = attachment.ifname
     link.create_veth(host, attachment.host_name, attachment.alias, ifname, netns.fd, mtu, pod_mac)
     pod_link = link.get_link(pod, ifname)
     host_link = link.get_link(host, attachment.host_name)
     if pod_link is None or host_link is None:
         raise RuntimeError(f"veth {attachment.host_name}/{ifname} vanished after creation")
+    pod_ip = str(ipaddress.ip_interface(addresses[0]).ip)
+    endpoint.attach(host, host_link.index, host_link.name, pod_ip, bpf_dir)
 
     for cidr in addresses:
         addr.add_address(pod, pod_link.index, ifname, cidr)
@@ -85,6 +93,7 @@ def wire(
     for r in routes:
         route.add_route(pod, pod_link.index, ifname, r)
 
+    link.set_up(host, host_link.index, host_link.name)
     for cidr in addresses:
         route.add_host_route(
             host, host_link.index, attachment.host_name, str(ipaddress.ip_interface(cidr).ip)
@@ -111,10 +120,9 @@ def pod_routed_to(host: IPRoute, ip: str) -> str | None:
     return None
 
 
-def unwire(host: IPRoute, attachment: Attachment) -> list[str]:
-    """Delete the pair (the pod end goes with it); return the pod addresses it carried.
-
-    A veth labelled for another network is left alone.
+def unwire(host: IPRoute, attachment: Attachment, bpf_dir: str) -> list[str]:
+    """Forget the endpoint, delete the pair (the pod end goes with it); return the pod
+    addresses it carried. A veth labelled for another network is left alone.
     """
     host_link = link.get_link(host, attachment.host_name)
     if host_link is None:
@@ -123,5 +131,6 @@ def unwire(host: IPRoute, attachment: Attachment) -> list[str]:
     if owner is not None and owner[0] != attachment.network:
         return []
     ips = host_routed_ips(host, host_link)
+    endpoint.detach(host_link.index, bpf_dir)
     link.delete_link(host, attachment.host_name)
     return ips

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -17,7 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cni_run import Network, PodNamespaces, leftover_links, sluice_networks
+from tests.support.cni_run import (
+    TEST_BPF_DIR,
+    Network,
+    PodNamespaces,
+    leftover_links,
+    sluice_networks,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = ROOT / ".venv" / "bin"
@@ -75,6 +82,8 @@ def pods() -> Iterator[PodNamespaces]:
 def nothing_left_behind() -> Iterator[None]:
     """After the whole run: no test namespace, veth or nftables chain may remain."""
     yield
+    # The session's datapath (programs and maps pinned by the first ADD).
+    shutil.rmtree(TEST_BPF_DIR, ignore_errors=True)
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
     netns = [n for n in listed.stdout.split() if n.startswith(TEST_NETNS_PREFIX)]
     links = leftover_links(TEST_NETWORK_PREFIX)

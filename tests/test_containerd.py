@@ -17,7 +17,7 @@ from tempfile import mkdtemp
 
 import pytest
 
-from tests.support.cni_run import Network
+from tests.support.cni_run import TEST_BPF_DIR, Network
 from tests.support.containerd import (
     ADDRESS_RE,
     CRI_NAMESPACE,
@@ -64,6 +64,7 @@ class SluiceNetwork(CniNetwork):
                     "type": "sluice",
                     "policy": "off",
                     "stateDir": str(self.state_dir),
+                "bpfDir": TEST_BPF_DIR,
                     "ipam": {"type": "sluice-ipam", "subnet": str(subnet)},
                 }
             ],

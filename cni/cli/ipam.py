@@ -236,6 +236,7 @@ def store_findings(allocator: Allocator) -> list[Finding]:
 def veth_findings(target: Target, allocator: Allocator, repair: bool) -> list[Finding]:
     """Allocations and node-side veths that should come in pairs but do not."""
     from cni import link, masq, wiring
+    from cni.netconf import DEFAULT_BPF_DIR
     from cni.netlink import IPRoute
 
     findings = []
@@ -265,7 +266,8 @@ def veth_findings(target: Target, allocator: Allocator, repair: bool) -> list[Fi
                 continue
             finding = Finding("veth-without-allocation", f"{veth.name} of {key[0]}/{key[1]}")
             if repair:
-                ips = wiring.unwire(host, wiring.Attachment(network, *key))
+                bpf_dir = target.plugin.get("bpfDir", DEFAULT_BPF_DIR)
+                ips = wiring.unwire(host, wiring.Attachment(network, *key), bpf_dir)
                 if ips and target.plugin.get("ipMasq", True):
                     masq.remove(network, ips)
                 finding.repaired = True

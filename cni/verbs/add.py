@@ -13,6 +13,7 @@ import signal
 from typing import Any
 
 from cni import ipam_client, link, masq, sysctl, wiring
+from cni.datapath import loader
 from cni.errors import (
     ERR_INVALID_CONFIG,
     ERR_INVALID_ENV,
@@ -49,8 +50,10 @@ def run(request: Request) -> dict[str, Any]:
                 ERR_INVALID_ENV,
                 f'interface "{request.ifname}" already exists in netns "{request.netns}"',
             )
-        remove_leftover_veth(host, attachment)
+        remove_leftover_veth(host, attachment, conf.bpf_dir)
         mtu = conf.mtu or link.default_route_mtu(host) or wiring.DEFAULT_MTU
+        # Compiles only if nothing is pinned yet ("policy": "off" without an agent).
+        loader.ensure_loaded(conf.bpf_dir)
         ipam = ipam_client.for_request(request)
         stop.check()
         ipam_result, allocated = ipam.add()
@@ -60,14 +63,14 @@ def run(request: Request) -> dict[str, Any]:
             routes = wiring.pod_routes(ipam_result.routes)
             sysctl.ensure("net.ipv4.ip_forward", "1")
             host_link, pod_link = wiring.wire(
-                host, pod, netns, attachment, mtu, pod_mac, addresses, routes
+                host, pod, netns, attachment, mtu, pod_mac, addresses, routes, conf.bpf_dir
             )
             stop.check()
             if conf.ip_masq and conf.cluster_cidr is not None:
                 masq.add(conf.network, conf.cluster_cidr, [a.split("/")[0] for a in addresses])
         except BaseException:
             stop.ignore()
-            rollback(host, attachment, ipam, allocated)
+            rollback(host, attachment, ipam, allocated, conf.bpf_dir)
             raise
     stop.ignore()  # the pod is wired: finish and report it
 
@@ -127,7 +130,7 @@ def pod_addresses(ipam_result: Result) -> list[str]:
     return [ip.address for ip in ipam_result.ips]
 
 
-def remove_leftover_veth(host: IPRoute, attachment: wiring.Attachment) -> None:
+def remove_leftover_veth(host: IPRoute, attachment: wiring.Attachment, bpf_dir: str) -> None:
     """A node-side veth of this very attachment, left by an ADD that was killed."""
     existing = link.get_link(host, attachment.host_name)
     if existing is None:
@@ -139,15 +142,21 @@ def remove_leftover_veth(host: IPRoute, attachment: wiring.Attachment) -> None:
             f"{attachment.container_id!r} is taken by {existing.alias!r}",
         )
     log.warning("removing leftover veth %s of %s", existing.name, attachment.alias)
-    link.delete_link(host, attachment.host_name)
+    ips = wiring.unwire(host, attachment, bpf_dir)
+    if ips:
+        masq.remove(attachment.network, ips)
 
 
 def rollback(
-    host: IPRoute, attachment: wiring.Attachment, ipam: ipam_client.IPAM, allocated: bool
+    host: IPRoute,
+    attachment: wiring.Attachment,
+    ipam: ipam_client.IPAM,
+    allocated: bool,
+    bpf_dir: str,
 ) -> None:
     """Best effort: each undo step runs even if an earlier one fails."""
     try:
-        ips = wiring.unwire(host, attachment)
+        ips = wiring.unwire(host, attachment, bpf_dir)
         if ips:
             masq.remove(attachment.network, ips)
     except Exception as err:

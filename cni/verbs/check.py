@@ -2,13 +2,15 @@
 
 Checked: the pod interface (a veth, up, its MAC), its addresses, the routes
 through the gateway and the gateway's neighbour entry; the node-side veth,
-its label and its host routes; the masquerade entries; the IPAM reservation.
+its label, its host routes, its datapath programs and endpoint entry; the
+masquerade entries; the IPAM reservation.
 Routes that later plugins added are tolerated.
 """
 
 from __future__ import annotations
 
 from cni import addr, ipam_client, link, masq, route, wiring
+from cni.datapath import endpoint
 from cni.errors import ERR_CHECK_FAILED, ERR_INVALID_CONFIG, CNIError
 from cni.netlink import IPRoute, pod_socket
 from cni.protocol import Request, prev_result
@@ -31,7 +33,7 @@ def run(request: Request) -> None:
     with open_pod_netns(request.netns) as netns, pod_socket(netns) as pod:
         check_pod(pod, request, expected.mac, expected_ips, prev)
     with IPRoute() as host:
-        check_host(host, attachment, ips)
+        check_host(host, attachment, ips, conf.bpf_dir)
     if conf.ip_masq:
         missing = [ip for ip in ips if not masq.contains(conf.network, ip)]
         table = masq.table_name(conf.network)
@@ -74,7 +76,7 @@ def check_pod(pod: IPRoute, request: Request, mac: str, ips: list[IPConfig], pre
             _require((r.dst, r.gw) in kernel, f"route {r.dst} via {r.gw} is missing on {where}")
 
 
-def check_host(host: IPRoute, attachment: wiring.Attachment, ips: list[str]) -> None:
+def check_host(host: IPRoute, attachment: wiring.Attachment, ips: list[str], bpf_dir: str) -> None:
     veth = link.get_link(host, attachment.host_name)
     _require(veth is not None, f'node-side veth "{attachment.host_name}" is missing')
     assert veth is not None
@@ -86,6 +88,8 @@ def check_host(host: IPRoute, attachment: wiring.Attachment, ips: list[str]) -> 
     routed = set(wiring.host_routed_ips(host, veth))
     for ip in ips:
         _require(ip in routed, f'the node has no route to {ip} via "{veth.name}"')
+    if ips:
+        endpoint.check(host, veth.index, veth.name, ips[0], bpf_dir)
 
 
 def _require(ok: bool, details: str) -> None:

@@ -20,7 +20,7 @@ def run(request: Request) -> None:
     attachment = wiring.Attachment.of(request)
     ipam = ipam_client.for_request(request)
     with IPRoute() as host:
-        ips = set(wiring.unwire(host, attachment)) | set(ipam.addresses())
+        ips = set(wiring.unwire(host, attachment, conf.bpf_dir)) | set(ipam.addresses())
         # prevResult may be stale (a late DEL): skip an address another pod now has.
         ips.update(
             ip

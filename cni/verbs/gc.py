@@ -2,8 +2,9 @@
 
 Node-side veths are found by their alias, addresses by the IPAM store (or the
 delegated IPAM's own GC), and the masquerade set is rebuilt from the veths
-that remain. Every step runs even if another fails; the errors are reported
-together.
+that remain. The datapath forgets endpoints (and their policies and flows)
+whose veth is gone, whatever network they belonged to. Every step runs even
+if another fails; the errors are reported together.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import logging
 
 from cni import ipam_client, link, masq, wiring
+from cni.datapath import endpoint
 from cni.errors import CNIError
 from cni.netconf import NetConf
 from cni.netlink import IPRoute
@@ -31,13 +33,16 @@ def run(request: Request) -> None:
                 remaining_ips += wiring.host_routed_ips(host, veth)
                 continue
             try:
+                endpoint.detach(veth.index, conf.bpf_dir)
                 link.delete_link(host, veth.name)
                 log.info("gc: removed veth %s of %s/%s", veth.name, container_id, ifname)
             except CNIError as err:
                 errors.append(err)
+        live = {msg["index"] for msg in host.link("dump")}
     for step in (
         lambda: ipam_client.for_request(request).gc(valid),
         lambda: _resync_masquerade(conf, remaining_ips),
+        lambda: endpoint.sweep(conf.bpf_dir, live),
     ):
         try:
             step()

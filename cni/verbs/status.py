@@ -18,4 +18,18 @@ def run(request: Request) -> None:
         raise CNIError(ERR_NOT_AVAILABLE, AGENT_REQUIRED)
     if conf.ip_masq and masq.nft_binary() is None:
         raise CNIError(ERR_NOT_AVAILABLE, '"ipMasq" is on but the nft command is not installed')
+    if not datapath_available(conf.bpf_dir):
+        raise CNIError(
+            ERR_NOT_AVAILABLE,
+            f'the datapath is not loaded in "{conf.bpf_dir}" and bcc is not installed to load it',
+        )
     ipam_client.for_request(request).status()
+
+
+def datapath_available(bpf_dir: str) -> bool:
+    import importlib.util
+
+    from cni.datapath.maps import Datapath
+
+    with Datapath(bpf_dir) as datapath:
+        return datapath.is_loaded() or importlib.util.find_spec("bcc") is not None

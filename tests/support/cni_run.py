@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import uuid
 from dataclasses import dataclass, field
@@ -14,6 +15,9 @@ from pyroute2 import IPRoute
 from cni import link, masq
 
 PLUGIN_TIMEOUT = 60
+# One datapath for the whole test session (as on a node: one per node, shared by
+# networks); the session fixture in conftest removes it at the end.
+TEST_BPF_DIR = f"/sys/fs/bpf/slt-{os.getpid()}"
 
 
 @dataclass
@@ -92,6 +96,7 @@ class Network:
             "type": "sluice",
             "policy": "off",
             "stateDir": str(self.state_dir),
+            "bpfDir": TEST_BPF_DIR,
             "ipam": ipam or {"type": "sluice-ipam", "subnet": self.subnet},
         }
         config.update(overrides)

@@ -1,0 +1,65 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * The datapath's maps, all pinned under SL_PIN_DIR (the network's bpfDir,
+ * passed by the loader), so both programs and every later load share them
+ * and a reload keeps endpoints and conntrack.
+ *
+ * Per-endpoint policy lives in inner maps reached through two outer maps
+ * keyed by (ifindex, generation, direction); userspace builds a complete
+ * new generation, then flips sl_endpoint.policy_gen in one write.
+ */
+#ifndef __SL_MAPS_H__
+#define __SL_MAPS_H__
+
+#include "sluice.h"
+
+#ifndef SL_PIN_DIR
+#error "SL_PIN_DIR must name the bpffs directory to pin maps in"
+#endif
+
+#define SL_NSEC_PER_SEC		1000000000ULL
+
+#define SL_MAX_ENDPOINTS	16384
+#define SL_MAX_POLICIES		(4 * SL_MAX_ENDPOINTS)
+#define SL_CT_ENTRIES		131072
+#define SL_FRAG_ENTRIES		8192
+#define SL_EVENTS_BYTES		(256 * 1024)
+
+BPF_TABLE_PINNED("hash", __u32, struct sl_endpoint, endpoints, SL_MAX_ENDPOINTS,
+		 SL_PIN_DIR "/endpoints");
+
+/* Templates for the inner maps (userspace creates the real ones). */
+BPF_F_TABLE("lpm_trie", struct sl_peer_key, struct sl_peer, peer_template, 1,
+	    BPF_F_NO_PREALLOC);
+BPF_F_TABLE("hash", struct sl_rule_key, struct sl_rule, rule_template, 1, BPF_F_NO_PREALLOC);
+
+BPF_TABLE("hash_of_maps$peer_template:" SL_PIN_DIR "/peers", struct sl_policy_key, int,
+	  peers, SL_MAX_POLICIES);
+BPF_TABLE("hash_of_maps$rule_template:" SL_PIN_DIR "/rules", struct sl_policy_key, int,
+	  rules, SL_MAX_POLICIES);
+
+BPF_TABLE_PINNED("lru_hash", struct sl_ct_key, struct sl_ct_entry, conntrack, SL_CT_ENTRIES,
+		 SL_PIN_DIR "/conntrack");
+BPF_TABLE_PINNED("lru_hash", struct sl_frag_key, struct sl_frag, fragments, SL_FRAG_ENTRIES,
+		 SL_PIN_DIR "/fragments");
+BPF_TABLE_PINNED("array", __u32, struct sl_config, config, 1, SL_PIN_DIR "/config");
+BPF_TABLE_PINNED("percpu_array", __u32, __u64, counters, SL_DIRS * SL_REASONS,
+		 SL_PIN_DIR "/counters");
+BPF_TABLE_PINNED("percpu_array", __u32, struct sl_event_budget, event_budget, 1,
+		 SL_PIN_DIR "/event_budget");
+
+/* bcc has no pinned form of BPF_RINGBUF_OUTPUT; this is its table with a pin path. */
+struct events_table_t {
+	int key;
+	__u32 leaf;
+	int (*ringbuf_output)(void *, __u64, __u64);
+	void *(*ringbuf_reserve)(__u64);
+	void (*ringbuf_discard)(void *, __u64);
+	void (*ringbuf_submit)(void *, __u64);
+	__u64 (*ringbuf_query)(__u64);
+	__u32 max_entries;
+};
+__attribute__((section("maps/ringbuf:" SL_PIN_DIR "/events")))
+struct events_table_t events = { .max_entries = SL_EVENTS_BYTES };
+
+#endif /* __SL_MAPS_H__ */

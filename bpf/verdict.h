@@ -1,0 +1,80 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * The single exit of the endpoint programs: count the verdict per CPU and,
+ * for a drop, send a rate-limited event to userspace.
+ *
+ * API:
+ *   int verdict_pass(dir, reason)                 TC_ACT_OK
+ *   int verdict_drop(skb, dir, reason, pkt)       TC_ACT_SHOT (pkt may be NULL)
+ */
+#ifndef __SL_VERDICT_H__
+#define __SL_VERDICT_H__
+
+#include <uapi/linux/pkt_cls.h>
+
+#include "maps.h"
+#include "parse.h"
+
+static __always_inline void count(__u32 dir, __u32 reason)
+{
+	__u32 index = dir * SL_REASONS + reason;
+	__u64 *value = counters.lookup(&index);
+
+	if (value)
+		*value += 1;
+}
+
+/* Token bucket per CPU: events_per_second, bursts of events_burst. */
+static __always_inline int event_allowed(void)
+{
+	__u32 zero = 0;
+	struct sl_config *cfg = config.lookup(&zero);
+	struct sl_event_budget *budget = event_budget.lookup(&zero);
+	__u64 now, cost, credit;
+
+	if (!cfg || !budget || !cfg->events_per_second)
+		return 0;
+	now = bpf_ktime_get_ns();
+	cost = SL_NSEC_PER_SEC / cfg->events_per_second;
+	credit = budget->tokens + (now - budget->last);
+	if (credit > cost * cfg->events_burst)
+		credit = cost * cfg->events_burst;
+	budget->last = now;
+	if (credit < cost) {
+		budget->tokens = credit;
+		return 0;
+	}
+	budget->tokens = credit - cost;
+	return 1;
+}
+
+static __always_inline int verdict_pass(__u32 dir, __u32 reason)
+{
+	count(dir, reason);
+	return TC_ACT_OK;
+}
+
+static __always_inline int verdict_drop(struct __sk_buff *skb, __u32 dir, __u32 reason,
+					struct sl_packet *pkt)
+{
+	struct sl_event ev = {};
+
+	count(dir, reason);
+	if (!event_allowed())
+		return TC_ACT_SHOT;
+	ev.timestamp = bpf_ktime_get_ns();
+	ev.ifindex = skb->ifindex;
+	ev.dir = dir;
+	ev.reason = reason;
+	if (pkt) {
+		ev.saddr = pkt->flow.saddr;
+		ev.daddr = pkt->flow.daddr;
+		ev.sport = pkt->flow.sport;
+		ev.dport = pkt->flow.dport;
+		ev.proto = pkt->flow.proto;
+	}
+	events.ringbuf_output(&ev, sizeof(ev), 0);
+	return TC_ACT_SHOT;
+}
+
+#endif /* __SL_VERDICT_H__ */

@@ -1,0 +1,107 @@
+"""Reading the datapath's deny events from its BPF ring buffer, without bcc.
+
+The ring buffer is mapped as the kernel lays it out: one read-write page
+holding the consumer position, then a read-only page holding the producer
+position followed by the data area, mapped twice in a row so that a record
+that wraps around can be read in one piece.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import select
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from cni.datapath import bpf
+from cni.datapath.structs import DIRECTIONS, REASONS, Event, ip_str, port_host
+
+BUSY = 1 << 31
+DISCARD = 1 << 30
+HEADER = 8
+PROTOCOL_NAMES = {1: "icmp", 6: "tcp", 17: "udp", 132: "sctp"}
+
+
+@dataclass(frozen=True)
+class DenyEvent:
+    timestamp_ns: int
+    ifindex: int
+    direction: str
+    reason: str
+    protocol: str
+    source: str
+    destination: str
+    sport: int
+    dport: int
+
+    @classmethod
+    def decode(cls, raw: bytes) -> DenyEvent:
+        ev = Event.from_buffer_copy(raw[: ctypes.sizeof(Event)])
+        return cls(
+            timestamp_ns=ev.timestamp,
+            ifindex=ev.ifindex,
+            direction=DIRECTIONS.get(ev.dir, str(ev.dir)),
+            reason=REASONS[ev.reason] if ev.reason < len(REASONS) else str(ev.reason),
+            protocol=PROTOCOL_NAMES.get(ev.proto, str(ev.proto)),
+            source=ip_str(ev.saddr),
+            destination=ip_str(ev.daddr),
+            sport=port_host(ev.sport),
+            dport=port_host(ev.dport),
+        )
+
+
+class RingBuffer:
+    def __init__(self, path: str) -> None:
+        self.fd = bpf.obj_get(path)
+        self.size = bpf.map_info(self.fd).max_entries
+        page = mmap.PAGESIZE
+        self.consumer = mmap.mmap(
+            self.fd, page, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=0
+        )
+        self.producer = mmap.mmap(
+            self.fd, page + 2 * self.size, mmap.MAP_SHARED, mmap.PROT_READ, offset=page
+        )
+        self.data_offset = page
+
+    def close(self) -> None:
+        self.consumer.close()
+        self.producer.close()
+        os.close(self.fd)
+
+    def __enter__(self) -> RingBuffer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def drain(self) -> Iterator[bytes]:
+        """Every complete record available now."""
+        (consumer,) = struct.unpack_from("<Q", self.consumer, 0)
+        (producer,) = struct.unpack_from("<Q", self.producer, 0)
+        while consumer < producer:
+            offset = self.data_offset + (consumer & (self.size - 1))
+            length, _ = struct.unpack_from("<II", self.producer, offset)
+            if length & BUSY:
+                break
+            if not length & DISCARD:
+                yield bytes(self.producer[offset + HEADER : offset + HEADER + length])
+            consumer += ((length & ~(BUSY | DISCARD)) + HEADER + 7) & ~7
+            struct.pack_into("<Q", self.consumer, 0, consumer)
+
+    def wait(self, timeout: float | None) -> bool:
+        poller = select.poll()
+        poller.register(self.fd, select.POLLIN)
+        return bool(poller.poll(None if timeout is None else int(timeout * 1000)))
+
+
+def follow(path: str, timeout: float | None = None) -> Iterator[DenyEvent]:
+    """Deny events as they come; stops after ``timeout`` seconds without one."""
+    with RingBuffer(path) as ring:
+        while True:
+            for record in ring.drain():
+                yield DenyEvent.decode(record)
+            if not ring.wait(timeout):
+                return

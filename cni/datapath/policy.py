@@ -1,0 +1,271 @@
+"""Installing an endpoint's policy: complete rule sets, made live in one write.
+
+A direction's policy is a list of allow rules, each a set of peers (CIDRs,
+each with exceptions) and a set of ports (protocol with a port, a port
+range, any port, or any protocol). A direction without a policy is not
+isolated: everything passes.
+
+Compilation, per direction:
+- every CIDR and exception becomes a prefix of an LPM trie; the addresses
+  whose longest listed prefix is P are matched by exactly the rules whose
+  peers contain P and do not except it, so P maps to that set of rules (a
+  "peer set"; equal sets share an id, and 0 is "no rule");
+- each peer set gets the union of its rules' ports as hash entries: exact
+  ports, then per protocol an any-port flag and up to 8 ranges, then an
+  any-protocol entry.
+
+Installation builds new inner maps for generation g+1 next to the live
+generation g, then rewrites the endpoint entry with g+1 (one map write: a
+packet sees either the old or the new policy, never a mix), then deletes
+generation g. Flows that conntrack remembers are re-checked against g+1 by
+the datapath on their next packet, so a tightened policy cuts them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ipaddress
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from cni.datapath import bpf
+from cni.datapath.maps import Datapath
+from cni.datapath.structs import (
+    DIR_EGRESS,
+    DIR_INGRESS,
+    EP_DENY_NODE,
+    EP_ISOLATED_EGRESS,
+    EP_ISOLATED_INGRESS,
+    MAX_RANGES,
+    RULE_ANY_PORT,
+    Endpoint,
+    Peer,
+    PeerKey,
+    PolicyKey,
+    PortRange,
+    Rule,
+    RuleKey,
+    ip_be,
+    port_be,
+)
+
+PROTOCOLS = {"tcp": 6, "udp": 17, "sctp": 132, "icmp": 1, "any": 0}
+NO_RULE = 0  # peer set id of addresses no rule matches
+# Ranges a protocol cannot keep in its 8 slots are spelled out, up to this many ports.
+MAX_EXPANDED_PORTS = 4096
+
+
+class PolicyError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Ports:
+    """A protocol and destination ports: ``first`` 0 means any port."""
+
+    protocol: str = "tcp"
+    first: int = 0
+    last: int = 0  # 0: same as first
+
+    @property
+    def proto(self) -> int:
+        try:
+            return PROTOCOLS[self.protocol.lower()]
+        except KeyError:
+            raise PolicyError(f"unknown protocol {self.protocol!r}") from None
+
+    @property
+    def span(self) -> tuple[int, int]:
+        last = self.last or self.first
+        if not 0 <= self.first <= last <= 65535:
+            raise PolicyError(f"invalid port range {self.first}-{self.last}")
+        return self.first, last
+
+
+@dataclass(frozen=True)
+class PeerCIDR:
+    cidr: str
+    excepts: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class AllowRule:
+    """Traffic with any of ``peers`` (none: any peer) on any of ``ports`` (none: any)."""
+
+    peers: tuple[PeerCIDR, ...] = ()
+    ports: tuple[Ports, ...] = ()
+
+
+@dataclass(frozen=True)
+class EndpointPolicy:
+    """None for a direction: not isolated. A tuple of rules: isolated, these allowed."""
+
+    ingress: tuple[AllowRule, ...] | None = None
+    egress: tuple[AllowRule, ...] | None = None
+    deny_node: bool = False
+
+    def flags(self) -> int:
+        flags = EP_DENY_NODE if self.deny_node else 0
+        if self.ingress is not None:
+            flags |= EP_ISOLATED_INGRESS
+        if self.egress is not None:
+            flags |= EP_ISOLATED_EGRESS
+        return flags
+
+
+@dataclass
+class CompiledDirection:
+    peers: dict[ipaddress.IPv4Network, int] = field(default_factory=dict)
+    rules: dict[tuple[int, int, int], Rule] = field(default_factory=dict)
+
+    @property
+    def size(self) -> int:
+        return len(self.peers) + len(self.rules)
+
+
+def _network(cidr: str) -> ipaddress.IPv4Network:
+    try:
+        return ipaddress.IPv4Network(cidr, strict=False)
+    except ValueError as err:
+        raise PolicyError(f"invalid CIDR {cidr!r}: {err}") from None
+
+
+def compile_direction(rules: Iterable[AllowRule]) -> CompiledDirection:
+    rules = list(rules)
+    matchers: list[list[tuple[ipaddress.IPv4Network, list[ipaddress.IPv4Network]]]] = []
+    prefixes: set[ipaddress.IPv4Network] = set()
+    for rule in rules:
+        peers = rule.peers or (PeerCIDR("0.0.0.0/0"),)
+        parsed = [(_network(p.cidr), [_network(e) for e in p.excepts]) for p in peers]
+        matchers.append(parsed)
+        for net, excepts in parsed:
+            prefixes.add(net)
+            prefixes.update(excepts)
+
+    compiled = CompiledDirection()
+    set_ids: dict[frozenset[int], int] = {frozenset(): NO_RULE}
+    for prefix in prefixes:
+        members = frozenset(
+            index
+            for index, peers in enumerate(matchers)
+            if any(
+                prefix.subnet_of(net) and not any(prefix.subnet_of(e) for e in excepts)
+                for net, excepts in peers
+            )
+        )
+        compiled.peers[prefix] = set_ids.setdefault(members, len(set_ids))
+
+    for members, set_id in set_ids.items():
+        ports = [p for index in members for p in (rules[index].ports or (Ports("any"),))]
+        _add_ports(compiled, set_id, ports)
+    return compiled
+
+
+def _add_ports(compiled: CompiledDirection, set_id: int, ports: list[Ports]) -> None:
+    ranges: dict[int, list[tuple[int, int]]] = {}
+    for port in ports:
+        proto, (first, last) = port.proto, port.span
+        if proto == 0:
+            compiled.rules[(set_id, 0, 0)] = Rule(flags=RULE_ANY_PORT)
+        elif first == 0:
+            compiled.rules[(set_id, proto, 0)] = Rule(flags=RULE_ANY_PORT)
+        elif first == last:
+            compiled.rules[(set_id, proto, first)] = Rule()
+        else:
+            ranges.setdefault(proto, []).append((first, last))
+    for proto, spans in ranges.items():
+        if (set_id, proto, 0) in compiled.rules:
+            continue  # any port already
+        merged = _merge(spans)
+        kept, spelled = merged[:MAX_RANGES], merged[MAX_RANGES:]
+        if sum(last - first + 1 for first, last in spelled) > MAX_EXPANDED_PORTS:
+            raise PolicyError(
+                f"too many port ranges for protocol {proto}: {len(merged)} "
+                f"(at most {MAX_RANGES} plus {MAX_EXPANDED_PORTS} single ports)"
+            )
+        for first, last in spelled:
+            for port in range(first, last + 1):
+                compiled.rules[(set_id, proto, port)] = Rule()
+        rule = Rule(nranges=len(kept))
+        for i, (first, last) in enumerate(kept):
+            rule.ranges[i] = PortRange(first, last)
+        compiled.rules[(set_id, proto, 0)] = rule
+
+
+def _merge(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Overlapping or touching ranges joined, widest first (they get the slots)."""
+    merged: list[list[int]] = []
+    for first, last in sorted(spans):
+        if merged and first <= merged[-1][1] + 1:
+            merged[-1][1] = max(merged[-1][1], last)
+        else:
+            merged.append([first, last])
+    return sorted(((a, b) for a, b in merged), key=lambda s: s[0] - s[1])
+
+
+def _build_maps(compiled: CompiledDirection) -> tuple[int, int]:
+    """New inner maps (peer LPM, rule hash) filled with ``compiled``; the caller closes them."""
+    peer_fd = bpf.map_create(
+        bpf.MAP_TYPE_LPM_TRIE,
+        ctypes.sizeof(PeerKey),
+        ctypes.sizeof(Peer),
+        max(1, len(compiled.peers)),
+        bpf.F_NO_PREALLOC,
+        "sl_peers",
+    )
+    try:
+        rule_fd = bpf.map_create(
+            bpf.MAP_TYPE_HASH,
+            ctypes.sizeof(RuleKey),
+            ctypes.sizeof(Rule),
+            max(1, len(compiled.rules)),
+            bpf.F_NO_PREALLOC,
+            "sl_rules",
+        )
+    except BaseException:
+        os.close(peer_fd)
+        raise
+    for prefix, set_id in compiled.peers.items():
+        key = PeerKey(prefix.prefixlen, ip_be(prefix.network_address))
+        bpf.map_update(peer_fd, key, Peer(set_id))
+    for (set_id, proto, port), rule in compiled.rules.items():
+        bpf.map_update(rule_fd, RuleKey(set_id, port_be(port), proto, 0), rule)
+    return peer_fd, rule_fd
+
+
+def install(datapath: Datapath, ifindex: int, policy: EndpointPolicy) -> int:
+    """Make ``policy`` the endpoint's live policy; return its generation.
+
+    The caller serialises installs for one endpoint (the agent, or a lock).
+    """
+    current = datapath.endpoint(ifindex)
+    if current is None:
+        raise PolicyError(f"ifindex {ifindex} is not an endpoint")
+    old_gen = current.policy_gen
+    gen = (old_gen + 1) & 0xFFFFFFFF
+    directions = {DIR_INGRESS: policy.ingress, DIR_EGRESS: policy.egress}
+    compiled = {d: compile_direction(rules) for d, rules in directions.items() if rules is not None}
+    for direction, tables in compiled.items():
+        peer_fd, rule_fd = _build_maps(tables)
+        try:
+            key = PolicyKey(ifindex, gen, direction)
+            bpf.map_update(datapath.fd("peers"), key, ctypes.c_int(peer_fd))
+            bpf.map_update(datapath.fd("rules"), key, ctypes.c_int(rule_fd))
+        finally:
+            os.close(peer_fd)
+            os.close(rule_fd)
+    # The one write that switches the endpoint to the new generation.
+    datapath.set_endpoint(ifindex, Endpoint(ip=current.ip, policy_gen=gen, flags=policy.flags()))
+    for direction in (DIR_INGRESS, DIR_EGRESS):
+        datapath.delete_policy_maps(ifindex, old_gen, direction)
+    return gen
+
+
+def size(policy: EndpointPolicy) -> int:
+    """Map entries the policy compiles to (peers plus rules)."""
+    return sum(
+        compile_direction(rules).size
+        for rules in (policy.ingress, policy.egress)
+        if rules is not None
+    )

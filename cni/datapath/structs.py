@@ -1,0 +1,173 @@
+"""ctypes mirrors of bpf/sluice.h (a test compares sizes and offsets with C)."""
+
+from __future__ import annotations
+
+import ctypes
+import ipaddress
+import socket
+
+u8, u16, u32, u64 = ctypes.c_uint8, ctypes.c_uint16, ctypes.c_uint32, ctypes.c_uint64
+
+DIR_EGRESS = 0
+DIR_INGRESS = 1
+DIRECTIONS = {DIR_EGRESS: "egress", DIR_INGRESS: "ingress"}
+
+EP_ISOLATED_EGRESS = 1 << 0
+EP_ISOLATED_INGRESS = 1 << 1
+EP_DENY_NODE = 1 << 2
+
+RULE_ANY_PORT = 1 << 0
+MAX_RANGES = 8
+
+CT_SEEN_REPLY = 1 << 0
+CT_FIN_ORIG = 1 << 1
+CT_FIN_REPLY = 1 << 2
+CT_RST = 1 << 3
+CT_FROM_NODE = 1 << 4
+
+# Counter and drop reasons, in the order of SL_* in sluice.h.
+REASONS = (
+    "allowed",
+    "allowed-reply",
+    "denied-policy",
+    "drop-spoofed",
+    "drop-fragment",
+    "drop-malformed",
+    "drop-unsupported",
+    "drop-no-endpoint",
+    "drop-flow-cut",
+)
+
+
+def ip_be(address: str | ipaddress.IPv4Address) -> int:
+    """An IPv4 address as the u32 whose memory holds it in network byte order."""
+    return int.from_bytes(ipaddress.IPv4Address(address).packed, "little")
+
+
+def ip_str(value: int) -> str:
+    return str(ipaddress.IPv4Address(value.to_bytes(4, "little")))
+
+
+def port_be(port: int) -> int:
+    return socket.htons(port)
+
+
+def port_host(value: int) -> int:
+    return socket.ntohs(value)
+
+
+class Endpoint(ctypes.Structure):
+    _fields_ = [("ip", u32), ("policy_gen", u32), ("flags", u32), ("pad", u32)]
+
+
+class PolicyKey(ctypes.Structure):
+    _fields_ = [("ifindex", u32), ("gen", u32), ("dir", u32)]
+
+
+class PeerKey(ctypes.Structure):
+    _fields_ = [("prefixlen", u32), ("addr", u32)]
+
+
+class Peer(ctypes.Structure):
+    _fields_ = [("set", u32)]
+
+
+class RuleKey(ctypes.Structure):
+    _fields_ = [("set", u32), ("port", u16), ("proto", u8), ("pad", u8)]
+
+
+class PortRange(ctypes.Structure):
+    _fields_ = [("first", u16), ("last", u16)]
+
+
+class Rule(ctypes.Structure):
+    _fields_ = [("flags", u32), ("nranges", u32), ("ranges", PortRange * MAX_RANGES)]
+
+
+class CTKey(ctypes.Structure):
+    _fields_ = [
+        ("saddr", u32),
+        ("daddr", u32),
+        ("sport", u16),
+        ("dport", u16),
+        ("ifindex", u32),
+        ("proto", u8),
+        ("pad", u8 * 3),
+    ]
+
+
+class CTEntry(ctypes.Structure):
+    _fields_ = [
+        ("last_seen", u64),
+        ("policy_gen", u32),
+        ("dir", u32),
+        ("flags", u32),
+        ("pad", u32),
+    ]
+
+
+class FragKey(ctypes.Structure):
+    _fields_ = [
+        ("saddr", u32),
+        ("daddr", u32),
+        ("ifindex", u32),
+        ("id", u16),
+        ("proto", u8),
+        ("pad", u8),
+    ]
+
+
+class Frag(ctypes.Structure):
+    _fields_ = [("seen", u64)]
+
+
+class Config(ctypes.Structure):
+    _fields_ = [
+        ("ct_tcp_syn", u32),
+        ("ct_tcp_established", u32),
+        ("ct_tcp_closing", u32),
+        ("ct_udp", u32),
+        ("ct_other", u32),
+        ("events_per_second", u32),
+        ("events_burst", u32),
+        ("pad", u32),
+    ]
+
+
+class Event(ctypes.Structure):
+    _fields_ = [
+        ("timestamp", u64),
+        ("saddr", u32),
+        ("daddr", u32),
+        ("sport", u16),
+        ("dport", u16),
+        ("ifindex", u32),
+        ("proto", u8),
+        ("dir", u8),
+        ("reason", u8),
+        ("pad", u8),
+        ("pad2", u32),
+    ]
+
+
+class EventBudget(ctypes.Structure):
+    _fields_ = [("last", u64), ("tokens", u64)]
+
+
+# Every struct with its C name, for the layout test.
+MIRRORS = {
+    "sl_endpoint": Endpoint,
+    "sl_policy_key": PolicyKey,
+    "sl_peer_key": PeerKey,
+    "sl_peer": Peer,
+    "sl_rule_key": RuleKey,
+    "sl_port_range": PortRange,
+    "sl_rule": Rule,
+    "sl_ct_key": CTKey,
+    "sl_ct_entry": CTEntry,
+    "sl_frag_key": FragKey,
+    "sl_frag": Frag,
+    "sl_config": Config,
+    "sl_event": Event,
+    "sl_event_budget": EventBudget,
+}
