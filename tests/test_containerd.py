@@ -64,7 +64,7 @@ class SluiceNetwork(CniNetwork):
                     "type": "sluice",
                     "policy": "off",
                     "stateDir": str(self.state_dir),
-                "bpfDir": TEST_BPF_DIR,
+                    "bpfDir": TEST_BPF_DIR,
                     "ipam": {"type": "sluice-ipam", "subnet": str(subnet)},
                 }
             ],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from cni.cli.datapath import datapath
 from cni.cli.install import install
 from cni.cli.ipam import ipam
 from cni.cli.status import status
@@ -14,6 +15,7 @@ def cli() -> None:
     """Operate sluice, a Kubernetes CNI plugin, on this node."""
 
 
+cli.add_command(datapath)
 cli.add_command(install)
 cli.add_command(ipam)
 cli.add_command(status)

@@ -96,6 +96,18 @@ def attached_hooks(ipr: IPRoute, ifindex: int) -> set[str]:
     return found
 
 
+def pinned_programs(bpf_dir: str) -> dict[str, int]:
+    """{program: id} of the programs pinned now."""
+    ids = {}
+    for program in HOOKS:
+        fd = bpf.obj_get(os.path.join(bpf_dir, program))
+        try:
+            ids[program] = bpf.prog_info(fd).id
+        finally:
+            os.close(fd)
+    return ids
+
+
 def check(ipr: IPRoute, ifindex: int, name: str, pod_ip: str, bpf_dir: str) -> None:
     """CHECK: the veth runs the sluice programs and its endpoint entry is right."""
     try:

@@ -135,8 +135,10 @@ def _load(bpf_dir: str) -> None:
             f"failed to load the datapath: bcc is not available ({err}); install python3-bpfcc",
         ) from None
     try:
-        module = BPF(text=program_source(), cflags=[*CFLAGS, f'-DSL_PIN_DIR="{bpf_dir}"'])
-        functions = {name: module.load_func(name, BPF.SCHED_CLS) for name in PROGRAMS}
+        module = BPF(
+            text=program_source().encode(), cflags=[*CFLAGS, f'-DSL_PIN_DIR="{bpf_dir}"']
+        )
+        functions = {name: module.load_func(name.encode(), BPF.SCHED_CLS) for name in PROGRAMS}
     except Exception as err:
         raise CNIError(
             ERR_KERNEL, f'failed to compile the datapath into "{bpf_dir}": {err}'

@@ -1,0 +1,219 @@
+"""sluicectl datapath: load the eBPF programs, look at them, watch what they deny."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import click
+
+from cni import conflist as conflist_mod
+from cni.conflist import DEFAULT_CONF
+from cni.netconf import DEFAULT_BPF_DIR
+
+
+def bpf_dir_of(conf_path: str | None, bpf_dir: str | None) -> str:
+    if bpf_dir:
+        return bpf_dir
+    try:
+        plugin = conflist_mod.load(conf_path or DEFAULT_CONF).plugin()
+    except conflist_mod.ConflistError as err:
+        raise click.ClickException(f"{err} (or pass --bpf-dir)") from None
+    return str(plugin.get("bpfDir", DEFAULT_BPF_DIR))
+
+
+conf_option = click.option(
+    "--conf", "conf_path", default=None, help=f"The network's conflist [default: {DEFAULT_CONF}]."
+)
+bpf_dir_option = click.option("--bpf-dir", default=None, help="The datapath's bpffs directory.")
+output_option = click.option(
+    "-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True
+)
+
+
+def _open(bpf_dir: str) -> Any:
+    from cni.datapath.maps import Datapath
+
+    datapath = Datapath(bpf_dir)
+    if not datapath.is_loaded():
+        raise click.ClickException(
+            f'no datapath is loaded in "{bpf_dir}" (sluicectl datapath load)'
+        )
+    return datapath
+
+
+@click.group()
+def datapath() -> None:
+    """The eBPF programs on the pods' veths and their maps."""
+
+
+@datapath.command()
+@conf_option
+@bpf_dir_option
+@click.option("--force", is_flag=True, help="Compile and reload even if the source is unchanged.")
+def load(conf_path: str | None, bpf_dir: str | None, force: bool) -> None:
+    """Compile the programs (bcc) and pin them with their maps; switch attached veths.
+
+    Live maps (endpoints, policies, conntrack) are kept, so established flows
+    survive a reload.
+    """
+    from cni.datapath import loader
+    from cni.errors import CNIError
+
+    directory = bpf_dir_of(conf_path, bpf_dir)
+    started = time.monotonic()
+    try:
+        loaded = loader.load(directory, force=force)
+    except CNIError as err:
+        raise click.ClickException(err.details) from None
+    if loaded:
+        click.echo(f"loaded the datapath into {directory} in {time.monotonic() - started:.1f} s")
+    else:
+        click.echo(f"the datapath in {directory} is current (use --force to reload)")
+
+
+def show_report(bpf_dir: str) -> dict[str, Any]:
+    from cni.datapath import bpf, loader
+    from cni.datapath.endpoint import HOOKS, attached_hooks
+    from cni.datapath.maps import MAPS
+    from cni.datapath.structs import ip_str
+    from cni.link import parse_alias
+    from cni.netlink import IPRoute
+
+    programs = {}
+    for name in HOOKS:
+        fd = bpf.obj_get(os.path.join(bpf_dir, name))
+        try:
+            info = bpf.prog_info(fd)
+        finally:
+            os.close(fd)
+        programs[name] = {"id": info.id, "tag": bytes(info.tag).hex(), "name": info.name.decode()}
+    with _open(bpf_dir) as dp, IPRoute() as ipr:
+        links = {msg["index"]: msg for msg in ipr.link("dump")}
+        endpoints = []
+        for ifindex, ep in sorted(dp.endpoints().items()):
+            link = links.get(ifindex)
+            owner = parse_alias(link.get("IFLA_IFALIAS")) if link else None
+            endpoints.append(
+                {
+                    "ifindex": ifindex,
+                    "veth": link.get("IFLA_IFNAME") if link else None,
+                    "ip": ip_str(ep.ip),
+                    "network": owner[0] if owner else None,
+                    "containerID": owner[1] if owner else None,
+                    "policyGeneration": ep.policy_gen,
+                    "isolated": [d for d, bit in (("egress", 1), ("ingress", 2)) if ep.flags & bit],
+                    "attached": sorted(attached_hooks(ipr, ifindex)) if link else [],
+                }
+            )
+        fill = {}
+        for name in ("endpoints", "peers", "rules", "conntrack", "fragments"):
+            info = bpf.map_info(dp.fd(name))
+            fill[name] = {
+                "entries": sum(1 for _ in dp.keys(name, _key_type(name))),
+                "max": info.max_entries,
+            }
+        config = {
+            name: getattr(dp.config(), name) for name, _ in dp.config()._fields_ if name != "pad"
+        }
+    return {
+        "bpfDir": bpf_dir,
+        "current": loader.is_current(bpf_dir),
+        "programs": programs,
+        "maps": sorted(MAPS),
+        "mapFill": fill,
+        "config": config,
+        "endpoints": endpoints,
+    }
+
+
+def _key_type(name: str) -> Any:
+    import ctypes
+
+    from cni.datapath import structs
+
+    return {
+        "endpoints": ctypes.c_uint32,
+        "peers": structs.PolicyKey,
+        "rules": structs.PolicyKey,
+        "conntrack": structs.CTKey,
+        "fragments": structs.FragKey,
+    }[name]
+
+
+@datapath.command()
+@conf_option
+@bpf_dir_option
+@output_option
+def show(conf_path: str | None, bpf_dir: str | None, output: str) -> None:
+    """Programs, attached endpoints and how full the maps are."""
+    report = show_report(bpf_dir_of(conf_path, bpf_dir))
+    if output == "json":
+        click.echo(json.dumps(report, indent=2))
+        return
+    state = "current" if report["current"] else "from another source (sluicectl datapath load)"
+    click.echo(f"datapath {report['bpfDir']}  ({state})")
+    for name, prog in report["programs"].items():
+        click.echo(f"  program {name:<9} id {prog['id']:<6} tag {prog['tag']}")
+    fills = "  ".join(f"{n} {f['entries']}/{f['max']}" for n, f in report["mapFill"].items())
+    click.echo(f"  maps     {fills}")
+    click.echo(
+        f"  {'IFINDEX':<9}{'VETH':<16}{'POD IP':<16}{'GEN':<6}{'ISOLATED':<17}"
+        f"{'ATTACHED':<18}NETWORK/CONTAINER"
+    )
+    for ep in report["endpoints"]:
+        owner = f"{ep['network']}/{(ep['containerID'] or '')[:20]}" if ep["network"] else "-"
+        click.echo(
+            f"  {ep['ifindex']:<9}{ep['veth'] or '(gone)':<16}{ep['ip']:<16}"
+            f"{ep['policyGeneration']:<6}{','.join(ep['isolated']) or '-':<17}"
+            f"{','.join(ep['attached']) or '-':<18}{owner}"
+        )
+
+
+@datapath.command()
+@conf_option
+@bpf_dir_option
+@output_option
+def counters(conf_path: str | None, bpf_dir: str | None, output: str) -> None:
+    """Packets allowed, denied and dropped (by reason), per direction, since load."""
+    with _open(bpf_dir_of(conf_path, bpf_dir)) as dp:
+        totals = dp.counters()
+    if output == "json":
+        click.echo(json.dumps(totals, indent=2))
+        return
+    click.echo(f"{'REASON':<20}{'EGRESS (from pods)':>20}{'INGRESS (to pods)':>20}")
+    for reason in totals["egress"]:
+        click.echo(f"{reason:<20}{totals['egress'][reason]:>20}{totals['ingress'][reason]:>20}")
+
+
+@datapath.command()
+@conf_option
+@bpf_dir_option
+@click.option("--count", type=int, default=0, help="Stop after this many events.")
+@click.option("--timeout", type=float, default=None, help="Stop after this many idle seconds.")
+@output_option
+def monitor(
+    conf_path: str | None, bpf_dir: str | None, count: int, timeout: float | None, output: str
+) -> None:
+    """Stream deny events: source, destination, protocol, port, reason (rate-limited)."""
+    from cni.datapath.events import follow
+
+    directory = bpf_dir_of(conf_path, bpf_dir)
+    with _open(directory):
+        pass
+    boot = time.time() - time.monotonic()  # the events carry CLOCK_MONOTONIC times
+    for seen, event in enumerate(follow(os.path.join(directory, "events"), timeout), 1):
+        when = datetime.fromtimestamp(boot + event.timestamp_ns / 1e9, UTC)
+        if output == "json":
+            click.echo(json.dumps({"time": when.isoformat(), **event.__dict__}))
+        else:
+            click.echo(
+                f"{when:%H:%M:%S.%f} {event.reason:<16} {event.direction:<7} "
+                f"ifindex {event.ifindex:<5} {event.protocol:<5} "
+                f"{event.source}:{event.sport} -> {event.destination}:{event.dport}"
+            )
+        if count and seen >= count:
+            return

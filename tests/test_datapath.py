@@ -1,0 +1,538 @@
+"""The eBPF datapath with real packets between pod namespaces.
+
+Pods are wired by the real plugin ("policy": "off": programs attached, no
+endpoint isolated); rules are written through the Python datapath API
+(cni.datapath.policy), as the node agent will. Counters are node-wide, so
+tests compare them before and after.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from cni.datapath import loader
+from cni.datapath import policy as P
+from cni.datapath.endpoint import pinned_programs
+from cni.datapath.events import follow
+from cni.datapath.maps import Datapath
+from tests.support.cni_run import TEST_BPF_DIR, Network, PodNamespaces, in_netns, ping
+
+PROBE = str(Path(__file__).resolve().parent / "support" / "netprobe.py")
+PYTHON = "/usr/bin/python3"
+
+
+@dataclass
+class Pod:
+    cid: str
+    netns: str
+    ip: str
+    veth: str
+    ifindex: int
+
+    def probe(self, *args: object, timeout: float = 20) -> int:
+        return in_netns(self.netns, PYTHON, PROBE, *map(str, args), timeout=timeout).returncode
+
+    def connects(self, peer: Pod, port: int) -> bool:
+        return self.probe("connect", peer.ip, port) == 0
+
+
+@pytest.fixture
+def trio(network: Network, pods: PodNamespaces) -> Iterator[list[Pod]]:
+    """Three pods a, b, c on one network."""
+    made = []
+    try:
+        for cid in "abc":
+            netns = pods.new()
+            result = network.add(netns, cid)
+            veth = result["interfaces"][0]["name"]
+            ifindex = int(Path(f"/sys/class/net/{veth}/ifindex").read_text())
+            made.append(Pod(cid, netns, result["ips"][0]["address"].split("/")[0], veth, ifindex))
+        yield made
+    finally:
+        for pod in made:
+            network.delete(pod.netns, pod.cid)
+
+
+@pytest.fixture
+def dp() -> Iterator[Datapath]:
+    with Datapath(TEST_BPF_DIR) as datapath:
+        yield datapath
+
+
+class Server:
+    """netprobe serve in a pod: TCP echo and UDP counting until stopped."""
+
+    def __init__(self, pod: Pod, tcp: tuple[int, ...] = (), udp: tuple[int, ...] = ()) -> None:
+        command = ["ip", "netns", "exec", Path(pod.netns).name, PYTHON, PROBE, "serve"]
+        if tcp:
+            command += ["--tcp", ",".join(map(str, tcp))]
+        if udp:
+            command += ["--udp", ",".join(map(str, udp))]
+        self.proc = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        assert self.proc.stdout is not None and self.proc.stdout.readline().strip() == "ready"
+        self.counts: dict[str, dict[str, int]] = {}
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> dict[str, dict[str, int]]:
+        if self.proc.poll() is None:
+            out, _ = self.proc.communicate(input="", timeout=20)
+            self.counts = json.loads(out)
+        return self.counts
+
+
+def allow(*rules: P.AllowRule) -> tuple[P.AllowRule, ...]:
+    return rules
+
+
+def rule(
+    *cidrs: str, ports: tuple[P.Ports, ...] = (), excepts: tuple[str, ...] = ()
+) -> P.AllowRule:
+    return P.AllowRule(peers=tuple(P.PeerCIDR(c, excepts) for c in cidrs), ports=ports)
+
+
+def tcp(first: int, last: int = 0) -> P.Ports:
+    return P.Ports("tcp", first, last)
+
+
+def delta(
+    before: dict[str, dict[str, int]], after: dict[str, dict[str, int]]
+) -> dict[str, dict[str, int]]:
+    return {d: {r: after[d][r] - before[d][r] for r in after[d]} for d in after}
+
+
+# -- policy semantics ------------------------------------------------------------------
+
+
+def test_unisolated_pods_pass_and_are_counted(trio: list[Pod], dp: Datapath) -> None:
+    a, b, _ = trio
+    before = dp.counters()
+    assert ping(a.netns, b.ip)
+    moved = delta(before, dp.counters())
+    assert moved["egress"]["allowed"] >= 1 and moved["ingress"]["allowed"] >= 1
+    assert moved["egress"]["allowed-reply"] >= 1
+    assert sum(moved["ingress"][r] for r in ("denied-policy", "drop-spoofed")) == 0
+
+
+def test_allow_by_peer_cidr_protocol_and_port(trio: list[Pod], dp: Datapath) -> None:
+    a, b, c = trio
+    P.install(
+        dp, b.ifindex, P.EndpointPolicy(ingress=allow(rule(f"{a.ip}/32", ports=(tcp(8080),))))
+    )
+    with Server(b, tcp=(8080, 8081)):
+        assert a.connects(b, 8080)
+        assert not a.connects(b, 8081), "a port no rule names"
+        assert not c.connects(b, 8080), "a peer no rule names"
+        assert not ping(a.netns, b.ip), "a protocol no rule names"
+    assert ping(b.netns, a.ip), "b's egress is not isolated; the reply is allowed"
+
+
+def test_port_ranges_and_any_protocol(trio: list[Pod], dp: Datapath) -> None:
+    a, b, c = trio
+    P.install(
+        dp,
+        b.ifindex,
+        P.EndpointPolicy(
+            ingress=allow(
+                rule(f"{a.ip}/32", ports=(tcp(9000, 9010),)),
+                rule(f"{c.ip}/32"),  # no ports: everything
+            )
+        ),
+    )
+    with Server(b, tcp=(9000, 9005, 9010, 9011)):
+        assert a.connects(b, 9000) and a.connects(b, 9005) and a.connects(b, 9010)
+        assert not a.connects(b, 9011)
+        assert c.connects(b, 9011)
+    assert ping(c.netns, b.ip) and not ping(a.netns, b.ip)
+
+
+def test_udp_and_the_whole_port_range(trio: list[Pod], dp: Datapath) -> None:
+    a, b, _ = trio
+    P.install(
+        dp,
+        b.ifindex,
+        P.EndpointPolicy(ingress=allow(rule(f"{a.ip}/32", ports=(P.Ports("udp", 1, 65535),)))),
+    )
+    with Server(b, tcp=(5300,), udp=(5300,)):
+        assert a.probe("udp-ask", b.ip, 5300) == 0
+        assert not a.connects(b, 5300), "TCP is not UDP"
+
+
+def test_ip_block_except(trio: list[Pod], dp: Datapath, network: Network) -> None:
+    a, b, c = trio
+    P.install(
+        dp,
+        b.ifindex,
+        P.EndpointPolicy(
+            ingress=allow(rule(network.subnet, ports=(tcp(8080),), excepts=(f"{a.ip}/32",)))
+        ),
+    )
+    with Server(b, tcp=(8080,)):
+        assert c.connects(b, 8080)
+        assert not a.connects(b, 8080)
+
+
+def test_egress_isolation_and_replies(trio: list[Pod], dp: Datapath) -> None:
+    """b may only receive from a: b's answers pass, b's own connections do not."""
+    a, b, c = trio
+    P.install(
+        dp,
+        b.ifindex,
+        P.EndpointPolicy(
+            ingress=allow(rule(f"{a.ip}/32", ports=(tcp(8080),))),
+            egress=allow(),  # isolated, nothing allowed
+        ),
+    )
+    with Server(b, tcp=(8080,)), Server(a, tcp=(8081,)):
+        assert a.connects(b, 8080), "replies of an allowed flow pass b's egress"
+        assert not b.connects(a, 8081)
+        assert not ping(b.netns, c.ip)
+
+
+def test_node_reaches_isolated_pods_unless_denied(trio: list[Pod], dp: Datapath) -> None:
+    _, b, _ = trio
+    P.install(dp, b.ifindex, P.EndpointPolicy(ingress=allow()))
+    assert ping(None, b.ip), "kubelet probes come from the node"
+    P.install(dp, b.ifindex, P.EndpointPolicy(ingress=allow(), deny_node=True))
+    assert not ping(None, b.ip)
+
+
+def test_spoofed_source_is_dropped(trio: list[Pod], dp: Datapath) -> None:
+    a, b, _ = trio
+    in_netns(a.netns, "ip", "addr", "add", "10.254.254.254/32", "dev", "eth0", check=True)
+    before = dp.counters()
+    with Server(b, udp=(5400,)) as server:
+        in_netns(
+            a.netns,
+            PYTHON,
+            "-c",
+            "import socket; s = socket.socket(2, 2); "
+            "s.bind(('10.254.254.254', 0)); "
+            f"[s.sendto(b'x', ('{b.ip}', 5400)) for _ in range(5)]",
+            check=True,
+        )
+        time.sleep(0.3)
+    assert server.counts["udp"]["5400"] == 0
+    assert delta(before, dp.counters())["egress"]["drop-spoofed"] == 5
+
+
+def test_ip_options_do_not_hide_the_ports(trio: list[Pod], dp: Datapath) -> None:
+    a, b, _ = trio
+    P.install(
+        dp,
+        b.ifindex,
+        P.EndpointPolicy(ingress=allow(rule(f"{a.ip}/32", ports=(P.Ports("udp", 5500),)))),
+    )
+    before = dp.counters()
+    with Server(b, udp=(5500, 5501)) as server:
+        assert a.probe("options", b.ip, 5500) == 0
+        assert a.probe("options", b.ip, 5501) == 0
+        time.sleep(0.3)
+    assert server.counts["udp"] == {"5500": 1, "5501": 0}
+    assert delta(before, dp.counters())["ingress"]["denied-policy"] == 1
+
+
+def test_fragments_follow_their_first_fragment(trio: list[Pod], dp: Datapath) -> None:
+    """Judged where the pod sends them (the node may reassemble what it forwards)."""
+    a, b, _ = trio
+    P.install(
+        dp,
+        a.ifindex,
+        P.EndpointPolicy(egress=allow(rule(f"{b.ip}/32", ports=(P.Ports("udp", 5600),)))),
+    )
+    before = dp.counters()
+    with Server(b, udp=(5600, 5601)) as server:
+        assert a.probe("big-udp", b.ip, 5600, 4000) == 0  # three fragments, reassembled in b
+        assert a.probe("big-udp", b.ip, 5601, 4000) == 0
+        # A later fragment alone, its payload shaped like a UDP header to the allowed port.
+        assert a.probe("fragment", a.ip, b.ip, 5600) == 0
+        time.sleep(0.3)
+    assert server.counts["udp"] == {"5600": 1, "5601": 0}
+    moved = delta(before, dp.counters())["egress"]
+    assert moved["denied-policy"] == 1  # the first fragment to 5601
+    assert moved["drop-fragment"] == 3  # 5601's two later fragments and the lone one
+
+
+def test_icmp_errors_about_allowed_flows_pass(trio: list[Pod], dp: Datapath) -> None:
+    a, b, _ = trio
+    P.install(
+        dp,
+        a.ifindex,
+        P.EndpointPolicy(
+            ingress=allow(),
+            egress=allow(rule(f"{b.ip}/32", ports=(P.Ports("udp", 5700),))),
+        ),
+    )
+    # Nothing listens on b:5700, so b answers with ICMP port unreachable.
+    assert a.probe("udp-refused", b.ip, 5700) == 0
+
+
+def test_unparseable_traffic_from_an_isolated_pod_is_dropped(trio: list[Pod], dp: Datapath) -> None:
+    a, _, _ = trio
+    P.install(dp, a.ifindex, P.EndpointPolicy(egress=allow(rule("0.0.0.0/0"))))
+    before = dp.counters()
+    in_netns(a.netns, "ping", "-6", "-c", "2", "-W", "1", "-i", "0.2", "ff02::1%eth0")
+    assert delta(before, dp.counters())["egress"]["drop-unsupported"] >= 2
+
+
+def test_conntrack_entries_expire(trio: list[Pod], dp: Datapath) -> None:
+    """b answers twice: within the UDP timeout (a reply) and after it (a new flow out of
+    b, whose egress allows nothing)."""
+    a, b, _ = trio
+    dp.set_config(ct_udp=1)
+    answer_twice = (
+        "import socket, time\n"
+        "s = socket.socket(2, 2); s.bind(('0.0.0.0', 5800)); print('ready', flush=True)\n"
+        "data, peer = s.recvfrom(16); s.sendto(b'one', peer)\n"
+        "time.sleep(2.5); s.sendto(b'two', peer)\n"
+    )
+    ask = (
+        "import socket\n"
+        "s = socket.socket(2, 2); s.bind(('0.0.0.0', 40000)); s.settimeout(4)\n"
+        f"s.sendto(b'x', ('{b.ip}', 5800)); got = [s.recv(16)]\n"
+        "try:\n    got.append(s.recv(16))\nexcept TimeoutError:\n    pass\n"
+        "print(b','.join(got).decode())\n"
+    )
+    try:
+        P.install(
+            dp,
+            b.ifindex,
+            P.EndpointPolicy(
+                ingress=allow(rule(f"{a.ip}/32", ports=(P.Ports("udp", 5800),))), egress=allow()
+            ),
+        )
+        server = subprocess.Popen(
+            ["ip", "netns", "exec", Path(b.netns).name, PYTHON, "-c", answer_twice],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert server.stdout is not None and server.stdout.readline().strip() == "ready"
+        before = dp.counters()
+        got = in_netns(a.netns, PYTHON, "-c", ask, timeout=20).stdout.strip()
+        server.wait(timeout=10)
+    finally:
+        dp.set_config(ct_udp=60)
+    assert got == "one"
+    moved = delta(before, dp.counters())["egress"]
+    assert moved["allowed-reply"] == 1 and moved["denied-policy"] == 1
+
+
+# -- counters and events ------------------------------------------------------------------
+
+
+def test_deny_events_are_streamed_and_rate_limited(trio: list[Pod], dp: Datapath) -> None:
+    a, b, _ = trio
+    P.install(dp, b.ifindex, P.EndpointPolicy(ingress=allow()))
+    for _ in follow(dp.path("events"), timeout=0.1):
+        pass  # drain what earlier tests left
+    dp.set_config(events_per_second=5, events_burst=5)
+    try:
+        assert a.probe("udp", b.ip, 6000, "--count", 60) == 0
+        events = list(follow(dp.path("events"), timeout=0.5))
+    finally:
+        dp.set_config(events_per_second=100, events_burst=200)
+    assert 1 <= len(events) <= 12  # 60 denied, a burst of 5 per CPU plus refill
+    event = events[0]
+    assert (event.source, event.destination, event.dport) == (a.ip, b.ip, 6000)
+    assert (event.protocol, event.direction, event.reason) == ("udp", "ingress", "denied-policy")
+    assert event.ifindex == b.ifindex
+
+
+# -- atomic updates and cut flows ----------------------------------------------------------
+
+
+def test_policy_swap_is_atomic_under_continuous_traffic(trio: list[Pod], dp: Datapath) -> None:
+    """Two policies both allow 7000 and both deny 7003; while they replace each other many
+    times, every packet to 7000 passes and none to 7003 does (new flow each packet)."""
+    a, b, _ = trio
+    first = P.EndpointPolicy(
+        ingress=allow(
+            rule(f"{a.ip}/32", ports=(P.Ports("udp", 7000), P.Ports("udp", 7001))),
+            rule("10.0.0.0/8", ports=(P.Ports("udp", 7100, 7200),)),
+        )
+    )
+    second = P.EndpointPolicy(
+        ingress=allow(
+            rule(f"{a.ip}/32", ports=(P.Ports("udp", 7000), P.Ports("udp", 7002))),
+            rule("172.16.0.0/12", ports=(tcp(1, 65535),)),
+        )
+    )
+    P.install(dp, b.ifindex, first)
+    stop = threading.Event()
+    swaps = 0
+
+    def swap() -> None:
+        nonlocal swaps
+        while not stop.is_set():
+            P.install(dp, b.ifindex, second if swaps % 2 == 0 else first)
+            swaps += 1
+
+    before = dp.counters()
+    swapper = threading.Thread(target=swap)
+    with Server(b, udp=(7000, 7003)) as server:
+        swapper.start()
+        try:
+            out = in_netns(
+                a.netns, PYTHON, PROBE, "udp-stream", b.ip, "7000,7003", "3", check=True
+            ).stdout
+        finally:
+            stop.set()
+            swapper.join()
+        time.sleep(0.5)
+    sent = {int(port): count for port, count in json.loads(out).items()}
+    moved = delta(before, dp.counters())["ingress"]
+    assert swaps > 20 and sent[7003] > 1000
+    assert server.counts["udp"]["7003"] == 0
+    assert moved["denied-policy"] == sent[7003], "exactly the 7003 packets were denied"
+    assert server.counts["udp"]["7000"] == sent[7000]
+
+
+def test_a_new_policy_cuts_flows_it_denies(trio: list[Pod], dp: Datapath) -> None:
+    a, b, _ = trio
+    P.install(
+        dp, b.ifindex, P.EndpointPolicy(ingress=allow(rule(f"{a.ip}/32", ports=(tcp(8080),))))
+    )
+    script = (
+        "import socket, sys, time\n"
+        f"s = socket.create_connection(('{b.ip}', 8080), timeout=1.5)\n"
+        "s.sendall(b'1'); assert s.recv(1) == b'1'\n"
+        "print('established', flush=True); sys.stdin.readline()\n"
+        "s.sendall(b'2')\n"
+        "try:\n    print('echo' if s.recv(1) == b'2' else 'closed')\n"
+        "except OSError:\n    print('cut')\n"
+    )
+    with Server(b, tcp=(8080,)):
+        client = subprocess.Popen(
+            ["ip", "netns", "exec", Path(a.netns).name, PYTHON, "-c", script],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert client.stdout is not None and client.stdout.readline().strip() == "established"
+        before = dp.counters()
+        P.install(
+            dp, b.ifindex, P.EndpointPolicy(ingress=allow(rule(f"{a.ip}/32", ports=(tcp(9999),))))
+        )
+        out, _ = client.communicate("go\n", timeout=20)
+    assert out.strip() == "cut"
+    assert delta(before, dp.counters())["ingress"]["drop-flow-cut"] >= 1
+
+
+# -- lifecycle: DEL, reload, CHECK -------------------------------------------------------------
+
+
+def test_del_leaves_no_stale_entries(network: Network, pods: PodNamespaces, dp: Datapath) -> None:
+    netns, peer_ns = pods.new(), pods.new()
+    result = network.add(netns, "x")
+    peer = network.add(peer_ns, "y")
+    ifindex = int(Path(f"/sys/class/net/{result['interfaces'][0]['name']}/ifindex").read_text())
+    P.install(dp, ifindex, P.EndpointPolicy(ingress=allow(rule("0.0.0.0/0"))))
+    assert ping(peer_ns, result["ips"][0]["address"].split("/")[0])
+    assert any(k.ifindex == ifindex for k, _ in dp.flows())
+    network.delete(netns, "x").ok()
+    assert dp.endpoint(ifindex) is None
+    assert not any(key[0] == ifindex for key in dp.policy_keys())
+    assert not any(k.ifindex == ifindex for k, _ in dp.flows())
+    network.delete(peer_ns, "y").ok()
+    assert peer["ips"]
+
+
+def test_reload_keeps_maps_and_established_flows(trio: list[Pod], dp: Datapath) -> None:
+    a, b, _ = trio
+    P.install(
+        dp, b.ifindex, P.EndpointPolicy(ingress=allow(rule(f"{a.ip}/32", ports=(tcp(8080),))))
+    )
+    old = pinned_programs(TEST_BPF_DIR)
+    script = (
+        "import socket, sys\n"
+        f"s = socket.create_connection(('{b.ip}', 8080), timeout=2)\n"
+        "s.sendall(b'1'); assert s.recv(1) == b'1'\n"
+        "print('established', flush=True); sys.stdin.readline()\n"
+        "s.sendall(b'2'); print('echo' if s.recv(1) == b'2' else 'closed')\n"
+    )
+    with Server(b, tcp=(8080,)):
+        client = subprocess.Popen(
+            ["ip", "netns", "exec", Path(a.netns).name, PYTHON, "-c", script],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert client.stdout is not None and client.stdout.readline().strip() == "established"
+        endpoints = {i: (e.ip, e.policy_gen, e.flags) for i, e in dp.endpoints().items()}
+        flows = len(dp.flows())
+        assert loader.load(TEST_BPF_DIR, force=True)
+        out, _ = client.communicate("go\n", timeout=20)
+        assert out.strip() == "echo", "the established flow survived the reload"
+        assert a.connects(b, 8080) and not a.connects(b, 8081)
+    new = pinned_programs(TEST_BPF_DIR)
+    assert set(old.values()).isdisjoint(new.values()), "new programs are pinned"
+    assert {i: (e.ip, e.policy_gen, e.flags) for i, e in dp.endpoints().items()} == endpoints
+    assert len(dp.flows()) >= flows
+
+
+def test_check_notices_a_missing_program_or_entry(
+    network: Network, pods: PodNamespaces, dp: Datapath
+) -> None:
+    netns = pods.new()
+    result = network.add(netns, "c1")
+    veth = result["interfaces"][0]["name"]
+    ifindex = int(Path(f"/sys/class/net/{veth}/ifindex").read_text())
+    network.check(netns, "c1", result).ok()
+    subprocess.run(["tc", "filter", "del", "dev", veth, "egress"], check=True)
+    run = network.check(netns, "c1", result)
+    assert run.error_code == 101 and "to_pod" in run.out["details"]
+    network.delete(netns, "c1").ok()
+
+    result = network.add(netns, "c2")
+    veth = result["interfaces"][0]["name"]
+    ifindex = int(Path(f"/sys/class/net/{veth}/ifindex").read_text())
+    dp.delete_endpoint(ifindex)
+    run = network.check(netns, "c2", result)
+    assert run.error_code == 101 and "endpoint entry" in run.out["details"]
+    network.delete(netns, "c2").ok()
+
+
+def test_gc_sweeps_endpoints_whose_veth_is_gone(
+    network: Network, pods: PodNamespaces, dp: Datapath
+) -> None:
+    netns = pods.new()
+    result = network.add(netns, "c1")
+    veth = result["interfaces"][0]["name"]
+    ifindex = int(Path(f"/sys/class/net/{veth}/ifindex").read_text())
+    subprocess.run(["ip", "link", "del", veth], check=True)  # gone behind sluice's back
+    assert dp.endpoint(ifindex) is not None
+    network.run(
+        "GC",
+        network.config(**{"cni.dev/valid-attachments": [{"containerID": "c1", "ifname": "eth0"}]}),
+    ).ok()
+    assert dp.endpoint(ifindex) is None
+    network.delete(netns, "c1").ok()
+
+
+def test_policy_compilation_merges_nested_prefixes() -> None:
+    compiled = P.compile_direction(
+        [
+            rule("10.0.0.0/8", ports=(tcp(80),)),
+            rule("10.1.0.0/16", ports=(tcp(443),), excepts=("10.1.2.0/24",)),
+        ]
+    )
+    sets = {str(prefix): set_id for prefix, set_id in compiled.peers.items()}
+    wide, narrow, hole = sets["10.0.0.0/8"], sets["10.1.0.0/16"], sets["10.1.2.0/24"]
+    assert len({wide, narrow}) == 2 and hole == wide  # the hole still matches the /8 rule
+    ports = {(s, port) for (s, _, port) in compiled.rules}
+    assert {(narrow, 80), (narrow, 443), (wide, 80)} <= ports
+    assert (wide, 443) not in ports
