@@ -232,6 +232,7 @@ CONFIGS = (
 class Samples:
     gbits: list[float] = field(default_factory=list)
     retransmits: list[int] = field(default_factory=list)
+    dsacked: list[int] = field(default_factory=list)  # retransmits the receiver already had
     rr: list[float] = field(default_factory=list)
     mean: list[float] = field(default_factory=list)
     p50: list[float] = field(default_factory=list)
@@ -520,6 +521,13 @@ class Bench:
             if reason not in PASS_REASONS
         }
 
+    def tcp_counters(self) -> tuple[int, int]:
+        """The client pod's retransmitted segments, and those its peer reported as duplicates."""
+        proc = run(["ip", "netns", "exec", self.client.name, "nstat", "-asz", "-j"])
+        counters = json.loads(proc.stdout)
+        counters = counters.get("kernel", counters)
+        return counters["TcpRetransSegs"], counters["TcpExtTCPDSACKRecvSegs"]
+
     def check_policy(self, config: Config) -> None:
         """Once per configuration: an unlisted port must be dropped (isolated) or refused."""
         outcome = in_pod(self.client.name, "_probe", self.server.ip, UNLISTED_PORT)["outcome"]
@@ -536,6 +544,7 @@ class Bench:
         before = self.drop_counters()
         chain_before = self.chain_counters() if config.iptables else (0, 0)
         seconds = self.args.seconds
+        tcp_before = self.tcp_counters()
         proc = run(
             [
                 "ip",
@@ -560,7 +569,9 @@ class Bench:
         if proc.returncode != 0 or "error" in report:
             raise RuntimeError(f"iperf3 failed ({config.label}): {report.get('error', proc)}")
         samples.gbits.append(report["end"]["sum_received"]["bits_per_second"] / 1e9)
-        samples.retransmits.append(report["end"]["sum_sent"].get("retransmits", 0))
+        tcp_after = self.tcp_counters()
+        samples.retransmits.append(tcp_after[0] - tcp_before[0])
+        samples.dsacked.append(tcp_after[1] - tcp_before[1])
         rr_seconds = self.args.rr_seconds
         rr = in_pod(self.client.name, "_rr", self.server.ip, RR_PORT, rr_seconds)
         samples.rr.append(rr["transactions_per_s"])
@@ -586,14 +597,15 @@ def per_round_ratio(ours: list[float], base: list[float]) -> float:
     return statistics.median(a / b for a, b in zip(ours, base, strict=True))
 
 
-def report(bench: Bench, results: dict[str, Samples], elapsed: float) -> None:
+def report(bench: Bench, results: dict[str, Samples], load: float, elapsed: float) -> None:
     args = bench.args
     base = results[CONFIGS[0].label]
     print()
     print(
         f"pod-to-pod on one node, {args.rounds} rounds, iperf3 {args.seconds:g} s, "
         f"RR and CRR {args.rr_seconds:g} s each; medians over rounds, ratios vs "
-        f'"{CONFIGS[0].label}" (median of per-round ratios)'
+        f'"{CONFIGS[0].label}" (median of per-round ratios); {os.cpu_count()} CPUs, '
+        f"load average {load:.2f} at the start"
     )
     header = (
         f"{'configuration':<22} | {'entries':>7} | {'Gbit/s':>6} | {'ratio':>5} | "
@@ -646,10 +658,17 @@ def report(bench: Bench, results: dict[str, Samples], elapsed: float) -> None:
         s = results[config.label]
         if s.drops:
             print(f"DATAPATH DROPS in {config.label!r}: {s.drops}")
-        print(f"iperf3 retransmits, {config.label}: {s.retransmits}")
+        print(
+            f"iperf3 retransmitted segments per round, {config.label}: {s.retransmits} "
+            f"(reported duplicate by the receiver, DSACK: {s.dsacked})"
+        )
     if not any(results[c.label].drops for c in CONFIGS):
         print("check: the datapath dropped no packet during the measurements")
-    print(f"run time: {elapsed:.0f} s")
+    print(
+        "(retransmits that come back as DSACKs were not lost: veth delivery through per-CPU "
+        "backlogs reorders segments now and then, with or without the programs)"
+    )
+    print(f"run time: {elapsed:.0f} s (setup, measurements and cleanup)")
 
 
 # -- plumbing ---------------------------------------------------------------------------------
@@ -692,6 +711,7 @@ def main() -> None:
         sys.exit("run as root: the benchmark creates namespaces, veths and iptables rules")
 
     started = time.monotonic()
+    load = os.getloadavg()[0]
     results = {config.label: Samples() for config in CONFIGS}
     signal.signal(signal.SIGTERM, on_sigterm)  # like Ctrl-C: clean up, then exit
     stack = contextlib.ExitStack()
@@ -721,7 +741,7 @@ def main() -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         stack.close()
-    report(bench, results, time.monotonic() - started)
+    report(bench, results, load, time.monotonic() - started)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from cni.datapath.structs import DIRECTIONS, REASONS, Event, ip_str, port_host
 BUSY = 1 << 31
 DISCARD = 1 << 30
 HEADER = 8
-PROTOCOL_NAMES = {1: "icmp", 6: "tcp", 17: "udp", 132: "sctp"}
+PROTOCOL_NAMES = {0: "-", 1: "icmp", 6: "tcp", 17: "udp", 132: "sctp"}
 
 
 @dataclass(frozen=True)
