@@ -51,6 +51,7 @@ benchmark traffic is reported (it would be a datapath bug).
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import ipaddress
 import json
@@ -71,6 +72,7 @@ from pathlib import Path
 
 from cni.datapath import endpoint
 from cni.datapath import policy as P
+from cni.datapath.events import DenyEvent, RingBuffer
 from cni.datapath.maps import Datapath
 from cni.netlink import IPRoute
 
@@ -239,6 +241,7 @@ class Samples:
     p99: list[float] = field(default_factory=list)
     crr: list[float] = field(default_factory=list)
     drops: dict[str, int] = field(default_factory=dict)
+    events: list[DenyEvent] = field(default_factory=list)  # the datapath's deny events
 
 
 def other_peers(n: int) -> list[tuple[str, int]]:
@@ -333,6 +336,8 @@ class Bench:
 
         self.dp = Datapath(self.bpf_dir)
         self.stack.callback(self.dp.close)
+        self.ring = RingBuffer(self.dp.path("events"))
+        self.stack.callback(self.ring.close)
         self.build_policies()
         self.start_servers()
 
@@ -541,6 +546,8 @@ class Bench:
         if config.programs:
             # Every measurement starts with no flow known: CRR's connections are all new.
             self.dp.sweep_flows({self.server.ifindex, self.client.ifindex})
+        for _ in self.ring.drain():
+            pass  # events from before (the policy check's probe)
         before = self.drop_counters()
         chain_before = self.chain_counters() if config.iptables else (0, 0)
         seconds = self.args.seconds
@@ -581,6 +588,7 @@ class Bench:
         crr = in_pod(self.client.name, "_crr", self.server.ip, CRR_PORT, rr_seconds)
         samples.crr.append(crr["connections_per_s"])
         after = self.drop_counters()
+        samples.events += [DenyEvent.decode(record) for record in self.ring.drain()]
         for key, value in after.items():
             if value > before[key]:
                 samples.drops[key] = samples.drops.get(key, 0) + value - before[key]
@@ -654,10 +662,24 @@ def report(bench: Bench, results: dict[str, Samples], load: float, elapsed: floa
         f"check: iptables chain: {bench.chain_counts[0]} packets hit the matching ACCEPT, "
         f"{bench.chain_counts[1]} the final DROP"
     )
+    benchmark = {bench.client.ip, bench.server.ip}
+    veths = {pod.ifindex: pod.veth for pod in (bench.server, bench.client)}
     for config in CONFIGS:
         s = results[config.label]
         if s.drops:
-            print(f"DATAPATH DROPS in {config.label!r}: {s.drops}")
+            print(f"datapath drops in {config.label!r} (counters): {s.drops}")
+        events = collections.Counter(
+            (
+                "BENCHMARK TRAFFIC"
+                if {e.source, e.destination} == benchmark
+                else "not benchmark traffic",
+                f"{e.direction} {e.reason} on {veths.get(e.ifindex, e.ifindex)}: {e.protocol} "
+                f"{e.source}:{e.sport} -> {e.destination}:{e.dport}",
+            )
+            for e in s.events
+        )
+        for (kind, event), count in sorted(events.items()):
+            print(f"  {kind}: {count} x {event}")
         print(
             f"iperf3 retransmitted segments per round, {config.label}: {s.retransmits} "
             f"(reported duplicate by the receiver, DSACK: {s.dsacked})"
@@ -715,6 +737,7 @@ def main() -> None:
     results = {config.label: Samples() for config in CONFIGS}
     signal.signal(signal.SIGTERM, on_sigterm)  # like Ctrl-C: clean up, then exit
     stack = contextlib.ExitStack()
+    interrupted = False
     try:
         bench = Bench(args, stack)
         bench.setup()
@@ -736,11 +759,15 @@ def main() -> None:
                     file=sys.stderr,
                 )
         bench.enter(CONFIGS[1])  # as the plugin left it
+    except KeyboardInterrupt:
+        interrupted = True
     finally:
         # Neither a second Ctrl-C nor SIGTERM may cut the cleanup short.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         stack.close()
+    if interrupted:
+        sys.exit("interrupted; everything the benchmark created is removed")
     report(bench, results, load, time.monotonic() - started)
 
 
