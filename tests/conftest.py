@@ -84,6 +84,7 @@ def nothing_left_behind() -> Iterator[None]:
     yield
     # The session's datapath (programs and maps pinned by the first ADD).
     shutil.rmtree(TEST_BPF_DIR, ignore_errors=True)
+    assert not os.path.exists(TEST_BPF_DIR), f"could not unpin {TEST_BPF_DIR}"
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
     netns = [n for n in listed.stdout.split() if n.startswith(TEST_NETNS_PREFIX)]
     links = leftover_links(TEST_NETWORK_PREFIX)
