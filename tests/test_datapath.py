@@ -536,3 +536,13 @@ def test_policy_compilation_merges_nested_prefixes() -> None:
     ports = {(s, port) for (s, _, port) in compiled.rules}
     assert {(narrow, 80), (narrow, 443), (wide, 80)} <= ports
     assert (wide, 443) not in ports
+
+
+def test_compiling_ten_thousand_peers_is_fast() -> None:
+    rules = [
+        rule(f"172.16.{i // 256}.{i % 256}/32", ports=(tcp(1000 + i % 50),)) for i in range(10000)
+    ]
+    started = time.monotonic()
+    compiled = P.compile_direction(rules)
+    assert time.monotonic() - started < 10
+    assert len(compiled.peers) == 10000 and compiled.size == 20000

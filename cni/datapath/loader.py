@@ -135,9 +135,7 @@ def _load(bpf_dir: str) -> None:
             f"failed to load the datapath: bcc is not available ({err}); install python3-bpfcc",
         ) from None
     try:
-        module = BPF(
-            text=program_source().encode(), cflags=[*CFLAGS, f'-DSL_PIN_DIR="{bpf_dir}"']
-        )
+        module = BPF(text=program_source().encode(), cflags=[*CFLAGS, f'-DSL_PIN_DIR="{bpf_dir}"'])
         functions = {name: module.load_func(name.encode(), BPF.SCHED_CLS) for name in PROGRAMS}
     except Exception as err:
         raise CNIError(
