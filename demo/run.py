@@ -154,6 +154,7 @@ def main() -> None:
                 bpf_dir,
                 "--count",
                 "3",
+                "--backlog",
                 "--timeout",
                 "0.5",
             ],

@@ -230,6 +230,15 @@ def test_spoofed_source_is_dropped(trio: list[Pod], dp: Datapath) -> None:
     assert delta(before, dp.counters())["egress"]["drop-spoofed"] == 5
 
 
+def test_arp_only_with_the_pods_own_address(trio: list[Pod], dp: Datapath) -> None:
+    a, b, _ = trio
+    before = dp.counters()
+    assert a.probe("arp", a.ip, b.ip) == 0
+    assert a.probe("arp", "10.254.254.253", b.ip) == 0
+    moved = delta(before, dp.counters())["egress"]
+    assert moved["drop-spoofed"] == 1 and moved["allowed"] >= 1
+
+
 def test_ip_options_do_not_hide_the_ports(trio: list[Pod], dp: Datapath) -> None:
     a, b, _ = trio
     P.install(
@@ -480,6 +489,11 @@ def test_reload_keeps_maps_and_established_flows(trio: list[Pod], dp: Datapath) 
         assert a.connects(b, 8080) and not a.connects(b, 8081)
     new = pinned_programs(TEST_BPF_DIR)
     assert set(old.values()).isdisjoint(new.values()), "new programs are pinned"
+    pinned = sorted(p.name for p in Path(TEST_BPF_DIR).iterdir())
+    assert [n for n in pinned if n.startswith("source_")] == [
+        f"source_{loader.source_hash(TEST_BPF_DIR)}"
+    ]
+    assert not [n for n in pinned if n.endswith("_new")], "no staging pin is left"
     assert {i: (e.ip, e.policy_gen, e.flags) for i, e in dp.endpoints().items()} == endpoints
     assert len(dp.flows()) >= flows
 
@@ -521,6 +535,59 @@ def test_gc_sweeps_endpoints_whose_veth_is_gone(
     ).ok()
     assert dp.endpoint(ifindex) is None
     network.delete(netns, "c1").ok()
+
+
+def test_sluicectl_datapath_views(trio: list[Pod], dp: Datapath) -> None:
+    a, b, _ = trio
+    P.install(dp, b.ifindex, P.EndpointPolicy(ingress=allow()))
+    assert not ping(a.netns, b.ip)
+    sluicectl = str(Path(__file__).resolve().parent.parent / ".venv" / "bin" / "sluicectl")
+    shown = json.loads(
+        subprocess.run(
+            [sluicectl, "datapath", "show", "--bpf-dir", TEST_BPF_DIR, "-o", "json"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
+    mine = {ep["ifindex"]: ep for ep in shown["endpoints"]}[b.ifindex]
+    assert mine["ip"] == b.ip and mine["isolated"] == ["ingress"] and mine["veth"] == b.veth
+    assert mine["attached"] == ["from_pod", "to_pod"] and shown["current"]
+    counters = json.loads(
+        subprocess.run(
+            [sluicectl, "datapath", "counters", "--bpf-dir", TEST_BPF_DIR, "-o", "json"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
+    assert counters["ingress"]["denied-policy"] >= 1
+    monitor = subprocess.Popen(
+        [
+            sluicectl,
+            "datapath",
+            "monitor",
+            "--bpf-dir",
+            TEST_BPF_DIR,
+            "--count",
+            "1",
+            "--timeout",
+            "10",
+            "-o",
+            "json",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(1)  # let it open the ring buffer and skip what is queued
+    for _ in range(20):
+        if monitor.poll() is not None:
+            break
+        assert a.probe("udp", b.ip, 6100) == 0
+        time.sleep(0.2)
+    out, _ = monitor.communicate(timeout=20)
+    event = json.loads(out.splitlines()[-1])
+    assert event["reason"] == "denied-policy" and event["destination"] == b.ip
 
 
 def test_policy_compilation_merges_nested_prefixes() -> None:

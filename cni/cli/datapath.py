@@ -194,9 +194,15 @@ def counters(conf_path: str | None, bpf_dir: str | None, output: str) -> None:
 @bpf_dir_option
 @click.option("--count", type=int, default=0, help="Stop after this many events.")
 @click.option("--timeout", type=float, default=None, help="Stop after this many idle seconds.")
+@click.option("--backlog", is_flag=True, help="Start with the events already queued.")
 @output_option
 def monitor(
-    conf_path: str | None, bpf_dir: str | None, count: int, timeout: float | None, output: str
+    conf_path: str | None,
+    bpf_dir: str | None,
+    count: int,
+    timeout: float | None,
+    backlog: bool,
+    output: str,
 ) -> None:
     """Stream deny events: source, destination, protocol, port, reason (rate-limited)."""
     from cni.datapath.events import follow
@@ -205,7 +211,8 @@ def monitor(
     with _open(directory):
         pass
     boot = time.time() - time.monotonic()  # the events carry CLOCK_MONOTONIC times
-    for seen, event in enumerate(follow(os.path.join(directory, "events"), timeout), 1):
+    events = follow(os.path.join(directory, "events"), timeout, backlog)
+    for seen, event in enumerate(events, 1):
         when = datetime.fromtimestamp(boot + event.timestamp_ns / 1e9, UTC)
         if output == "json":
             click.echo(json.dumps({"time": when.isoformat(), **event.__dict__}))

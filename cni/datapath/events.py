@@ -91,15 +91,23 @@ class RingBuffer:
             consumer += ((length & ~(BUSY | DISCARD)) + HEADER + 7) & ~7
             struct.pack_into("<Q", self.consumer, 0, consumer)
 
+    def skip_backlog(self) -> None:
+        """Start after the records already queued."""
+        (producer,) = struct.unpack_from("<Q", self.producer, 0)
+        struct.pack_into("<Q", self.consumer, 0, producer)
+
     def wait(self, timeout: float | None) -> bool:
         poller = select.poll()
         poller.register(self.fd, select.POLLIN)
         return bool(poller.poll(None if timeout is None else int(timeout * 1000)))
 
 
-def follow(path: str, timeout: float | None = None) -> Iterator[DenyEvent]:
-    """Deny events as they come; stops after ``timeout`` seconds without one."""
+def follow(path: str, timeout: float | None = None, backlog: bool = True) -> Iterator[DenyEvent]:
+    """Deny events as they come (after those already queued, with ``backlog``);
+    stops after ``timeout`` seconds without one."""
     with RingBuffer(path) as ring:
+        if not backlog:
+            ring.skip_backlog()
         while True:
             for record in ring.drain():
                 yield DenyEvent.decode(record)

@@ -12,6 +12,7 @@ netprobe.py udp-refused IP PORT                  exit 0 if ICMP port unreachable
 netprobe.py big-udp IP PORT SIZE                 one datagram of SIZE bytes (fragments)
 netprobe.py options IP PORT                      UDP with an IPv4 option (ihl > 5)
 netprobe.py fragment SRC DST PORT                a lone non-first fragment (raw socket)
+netprobe.py arp SENDER TARGET                    an ARP request on eth0 claiming SENDER
 """
 
 from __future__ import annotations
@@ -171,6 +172,24 @@ def fragment(src: str, dst: str, port: int) -> int:
     return 0
 
 
+def arp(sender: str, target: str) -> int:
+    with socket.socket(socket.AF_PACKET, socket.SOCK_RAW) as s:
+        s.bind(("eth0", 0))
+        mac = s.getsockname()[4]
+        frame = (
+            b"\xff" * 6
+            + mac
+            + struct.pack("!H", 0x0806)
+            + struct.pack("!HHBBH", 1, 0x0800, 6, 4, 1)
+            + mac
+            + socket.inet_aton(sender)
+            + b"\x00" * 6
+            + socket.inet_aton(target)
+        )
+        s.send(frame)
+    return 0
+
+
 def main() -> int:
     args = sys.argv[1:]
     command = args.pop(0)
@@ -194,6 +213,8 @@ def main() -> int:
         return big_udp(args[0], int(args[1]), int(args[2]))
     if command == "options":
         return options(args[0], int(args[1]))
+    if command == "arp":
+        return arp(args[0], args[1])
     if command == "fragment":
         return fragment(args[0], args[1], int(args[2]))
     print(__doc__, file=sys.stderr)
