@@ -3,7 +3,7 @@
  * The decision for one packet crossing an endpoint's veth in one direction.
  *
  * API:
- *   int handle_packet(skb, dir)     TC_ACT_OK or TC_ACT_SHOT
+ *   int handle_packet(skb, dir)     SL_PASS or TC_ACT_SHOT
  *
  * In order: the endpoint (none: drop); ARP (from the pod only with its own
  * address); anything but IPv4 passes only a direction that is not isolated;

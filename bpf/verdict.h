@@ -4,8 +4,12 @@
  * for a drop, send a rate-limited event to userspace.
  *
  * API:
- *   int verdict_pass(dir, reason)                 TC_ACT_OK
+ *   int verdict_pass(dir, reason)                 SL_PASS
  *   int verdict_drop(skb, dir, reason, pkt)       TC_ACT_SHOT (pkt may be NULL)
+ *
+ * A pass is "next" (TCX_NEXT, TC_ACT_UNSPEC: both -1), not "ok": later
+ * programs on the hook (tcx) or filters (clsact) still run, such as the
+ * bandwidth plugin's; with none left the packet goes on.
  */
 #ifndef __SL_VERDICT_H__
 #define __SL_VERDICT_H__
@@ -14,6 +18,8 @@
 
 #include "maps.h"
 #include "parse.h"
+
+#define SL_PASS	(-1)
 
 static __always_inline void count(__u32 dir, __u32 reason)
 {
@@ -51,7 +57,7 @@ static __always_inline int event_allowed(void)
 static __always_inline int verdict_pass(__u32 dir, __u32 reason)
 {
 	count(dir, reason);
-	return TC_ACT_OK;
+	return SL_PASS;
 }
 
 static __always_inline int verdict_drop(struct __sk_buff *skb, __u32 dir, __u32 reason,

@@ -70,7 +70,25 @@ class Allocator:
         self, container_id: str, ifname: str, pod_namespace: str = "", pod_name: str = ""
     ) -> tuple[Allocation, bool]:
         """The attachment's address, allocating one if it has none; True if new."""
+        with self.store.transaction():
+            existing = self.store.allocation_for(container_id, ifname)
+            if existing is not None:
+                return self._allocation(existing), False
+            now = self.clock()
+            self.store.forget_cooled(now - self.config.cooldown_seconds)
+            address = self._choose()
+            row = AllocationRow(str(address), container_id, ifname, now, pod_namespace, pod_name)
+            self.store.insert_allocation(row)
+            self._after_allocate()
+        self._after_commit()
+        return self._allocation(row), True
+
+    def _choose(self) -> ipaddress.IPv4Address:
+        """The mode's choice of a free address (inside the write transaction)."""
         raise NotImplementedError
+
+    def _after_allocate(self) -> None:
+        """Hook inside the write transaction that allocated an address."""
 
     def unavailable_reason(self) -> str | None:
         """Why an ADD could not get an address now, or None if it could."""

@@ -13,9 +13,9 @@ import logging
 from collections.abc import Iterator
 
 from cni.errors import ERR_NO_ADDRESS, CNIError
-from ipam.allocator import Allocation, Allocator, Clock
+from ipam.allocator import Allocator, Clock
 from ipam.config import NodeCIDRConfig
-from ipam.store import AllocationRow, Store
+from ipam.store import Store
 
 log = logging.getLogger("sluice.ipam")
 
@@ -35,26 +35,14 @@ class NodeCIDRAllocator(Allocator):
             if address != gateway:
                 yield address
 
-    def allocate(
-        self, container_id: str, ifname: str, pod_namespace: str = "", pod_name: str = ""
-    ) -> tuple[Allocation, bool]:
-        with self.store.transaction():
-            existing = self.store.allocation_for(container_id, ifname)
-            if existing is not None:
-                return self._allocation(existing), False
-            now = self.clock()
-            self.store.forget_cooled(now - self.config.cooldown_seconds)
-            taken = {row.ip for row in self.store.allocations()}
-            cooling = self.store.cooling()
-            chosen = next(
-                (a for a in self.candidates() if str(a) not in taken and str(a) not in cooling),
-                None,
-            )
-            if chosen is None:
-                chosen = self._longest_cooled(cooling, taken)
-            row = AllocationRow(str(chosen), container_id, ifname, now, pod_namespace, pod_name)
-            self.store.insert_allocation(row)
-        return self._allocation(row), True
+    def _choose(self) -> ipaddress.IPv4Address:
+        taken = {row.ip for row in self.store.allocations()}
+        cooling = self.store.cooling()
+        chosen = next(
+            (a for a in self.candidates() if str(a) not in taken and str(a) not in cooling),
+            None,
+        )
+        return chosen if chosen is not None else self._longest_cooled(cooling, taken)
 
     def _longest_cooled(self, cooling: dict[str, float], taken: set[str]) -> ipaddress.IPv4Address:
         in_range = [

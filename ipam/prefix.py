@@ -24,10 +24,10 @@ import ipaddress
 import logging
 
 from cni.errors import ERR_NO_ADDRESS, ERR_STORE, CNIError
-from ipam.allocator import Allocation, Allocator, Clock
+from ipam.allocator import Allocator, Clock
 from ipam.claims import Claim, LocalClaimStore
 from ipam.config import PrefixConfig
-from ipam.store import AllocationRow, Store
+from ipam.store import Store
 
 log = logging.getLogger("sluice.ipam")
 Block = ipaddress.IPv4Network
@@ -98,24 +98,12 @@ class PrefixAllocator(Allocator):
 
     # -- allocation -------------------------------------------------------------
 
-    def allocate(
-        self, container_id: str, ifname: str, pod_namespace: str = "", pod_name: str = ""
-    ) -> tuple[Allocation, bool]:
-        with self.store.transaction():
-            existing = self.store.allocation_for(container_id, ifname)
-            if existing is not None:
-                return self._allocation(existing), False
-            now = self.clock()
-            self.store.forget_cooled(now - self.config.cooldown_seconds)
-            address = self._choose(self.held())
-            row = AllocationRow(str(address), container_id, ifname, now, pod_namespace, pod_name)
-            self.store.insert_allocation(row)
-            self._keep_warm()
-            self._after_change()
-        self._after_commit()
-        return self._allocation(row), True
+    def _after_allocate(self) -> None:
+        self._keep_warm()
+        self._after_change()
 
-    def _choose(self, held: list[Block]) -> ipaddress.IPv4Address:
+    def _choose(self) -> ipaddress.IPv4Address:
+        held = self.held()
         busy = self._busy()
         usage = self.usage(held)
         open_blocks = [b for b in held if usage[b] < b.num_addresses]

@@ -3,19 +3,9 @@
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
-from tests.support.cni_run import exec_plugin
-
-ROOT = Path(__file__).resolve().parent.parent
-SLUICECTL = ROOT / ".venv" / "bin" / "sluicectl"
-
-
-def sluicectl(*args: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [SLUICECTL, *map(str, args)], capture_output=True, text=True, timeout=60, check=False
-    )
+from tests.support.cni_run import exec_plugin, sluicectl
 
 
 def test_install_writes_launchers_and_a_conflist(tmp_path: Path) -> None:

@@ -20,10 +20,18 @@ import pytest
 
 from cni.datapath import loader
 from cni.datapath import policy as P
-from cni.datapath.endpoint import pinned_programs
+from cni.datapath.endpoint import link_path, pinned_programs
 from cni.datapath.events import follow
 from cni.datapath.maps import Datapath
-from tests.support.cni_run import TEST_BPF_DIR, Network, PodNamespaces, in_netns, ping
+from tests.support.cni_run import (
+    SLUICECTL,
+    TEST_BPF_DIR,
+    Network,
+    PodNamespaces,
+    in_netns,
+    ping,
+    sluicectl,
+)
 
 PROBE = str(Path(__file__).resolve().parent / "support" / "netprobe.py")
 PYTHON = "/usr/bin/python3"
@@ -93,6 +101,45 @@ class Server:
             out, _ = self.proc.communicate(input="", timeout=20)
             self.counts = json.loads(out)
         return self.counts
+
+
+class HeldConnection:
+    """A TCP connection from one pod to another, echoing once now and once on ``finish``."""
+
+    SCRIPT = (
+        "import socket, sys\n"
+        "s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=1.5)\n"
+        "s.sendall(b'1'); assert s.recv(1) == b'1'\n"
+        "print('established', flush=True); sys.stdin.readline()\n"
+        "s.sendall(b'2')\n"
+        "try:\n    print('echo' if s.recv(1) == b'2' else 'closed')\n"
+        "except OSError:\n    print('cut')\n"
+    )
+
+    def __init__(self, client: Pod, server: Pod, port: int) -> None:
+        self.proc = subprocess.Popen(
+            [
+                "ip",
+                "netns",
+                "exec",
+                Path(client.netns).name,
+                PYTHON,
+                "-c",
+                self.SCRIPT,
+                server.ip,
+                str(port),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        assert self.proc.stdout.readline().strip() == "established"
+
+    def finish(self) -> str:
+        """'echo' if the connection still works, 'cut' if its packets are dropped."""
+        out, _ = self.proc.communicate("go\n", timeout=20)
+        return out.strip()
 
 
 def allow(*rules: P.AllowRule) -> tuple[P.AllowRule, ...]:
@@ -415,29 +462,13 @@ def test_a_new_policy_cuts_flows_it_denies(trio: list[Pod], dp: Datapath) -> Non
     P.install(
         dp, b.ifindex, P.EndpointPolicy(ingress=allow(rule(f"{a.ip}/32", ports=(tcp(8080),))))
     )
-    script = (
-        "import socket, sys, time\n"
-        f"s = socket.create_connection(('{b.ip}', 8080), timeout=1.5)\n"
-        "s.sendall(b'1'); assert s.recv(1) == b'1'\n"
-        "print('established', flush=True); sys.stdin.readline()\n"
-        "s.sendall(b'2')\n"
-        "try:\n    print('echo' if s.recv(1) == b'2' else 'closed')\n"
-        "except OSError:\n    print('cut')\n"
-    )
     with Server(b, tcp=(8080,)):
-        client = subprocess.Popen(
-            ["ip", "netns", "exec", Path(a.netns).name, PYTHON, "-c", script],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert client.stdout is not None and client.stdout.readline().strip() == "established"
+        connection = HeldConnection(a, b, 8080)
         before = dp.counters()
         P.install(
             dp, b.ifindex, P.EndpointPolicy(ingress=allow(rule(f"{a.ip}/32", ports=(tcp(9999),))))
         )
-        out, _ = client.communicate("go\n", timeout=20)
-    assert out.strip() == "cut"
+        assert connection.finish() == "cut"
     assert delta(before, dp.counters())["ingress"]["drop-flow-cut"] >= 1
 
 
@@ -466,26 +497,12 @@ def test_reload_keeps_maps_and_established_flows(trio: list[Pod], dp: Datapath) 
         dp, b.ifindex, P.EndpointPolicy(ingress=allow(rule(f"{a.ip}/32", ports=(tcp(8080),))))
     )
     old = pinned_programs(TEST_BPF_DIR)
-    script = (
-        "import socket, sys\n"
-        f"s = socket.create_connection(('{b.ip}', 8080), timeout=2)\n"
-        "s.sendall(b'1'); assert s.recv(1) == b'1'\n"
-        "print('established', flush=True); sys.stdin.readline()\n"
-        "s.sendall(b'2'); print('echo' if s.recv(1) == b'2' else 'closed')\n"
-    )
     with Server(b, tcp=(8080,)):
-        client = subprocess.Popen(
-            ["ip", "netns", "exec", Path(a.netns).name, PYTHON, "-c", script],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert client.stdout is not None and client.stdout.readline().strip() == "established"
+        connection = HeldConnection(a, b, 8080)
         endpoints = {i: (e.ip, e.policy_gen, e.flags) for i, e in dp.endpoints().items()}
         flows = len(dp.flows())
         assert loader.load(TEST_BPF_DIR, force=True)
-        out, _ = client.communicate("go\n", timeout=20)
-        assert out.strip() == "echo", "the established flow survived the reload"
+        assert connection.finish() == "echo", "the established flow survived the reload"
         assert a.connects(b, 8080) and not a.connects(b, 8081)
     new = pinned_programs(TEST_BPF_DIR)
     assert set(old.values()).isdisjoint(new.values()), "new programs are pinned"
@@ -506,7 +523,8 @@ def test_check_notices_a_missing_program_or_entry(
     veth = result["interfaces"][0]["name"]
     ifindex = int(Path(f"/sys/class/net/{veth}/ifindex").read_text())
     network.check(netns, "c1", result).ok()
-    subprocess.run(["tc", "filter", "del", "dev", veth, "egress"], check=True)
+    # Unpinning a tcx link detaches its program.
+    Path(link_path(TEST_BPF_DIR, ifindex, "to_pod")).unlink()
     run = network.check(netns, "c1", result)
     assert run.error_code == 101 and "to_pod" in run.out["details"]
     network.delete(netns, "c1").ok()
@@ -541,30 +559,19 @@ def test_sluicectl_datapath_views(trio: list[Pod], dp: Datapath) -> None:
     a, b, _ = trio
     P.install(dp, b.ifindex, P.EndpointPolicy(ingress=allow()))
     assert not ping(a.netns, b.ip)
-    sluicectl = str(Path(__file__).resolve().parent.parent / ".venv" / "bin" / "sluicectl")
     shown = json.loads(
-        subprocess.run(
-            [sluicectl, "datapath", "show", "--bpf-dir", TEST_BPF_DIR, "-o", "json"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
+        sluicectl("datapath", "show", "--bpf-dir", TEST_BPF_DIR, "-o", "json").stdout
     )
     mine = {ep["ifindex"]: ep for ep in shown["endpoints"]}[b.ifindex]
     assert mine["ip"] == b.ip and mine["isolated"] == ["ingress"] and mine["veth"] == b.veth
     assert mine["attached"] == ["from_pod", "to_pod"] and shown["current"]
     counters = json.loads(
-        subprocess.run(
-            [sluicectl, "datapath", "counters", "--bpf-dir", TEST_BPF_DIR, "-o", "json"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
+        sluicectl("datapath", "counters", "--bpf-dir", TEST_BPF_DIR, "-o", "json").stdout
     )
     assert counters["ingress"]["denied-policy"] >= 1
     monitor = subprocess.Popen(
         [
-            sluicectl,
+            SLUICECTL,
             "datapath",
             "monitor",
             "--bpf-dir",

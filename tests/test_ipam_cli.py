@@ -10,16 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ipam.claims import LocalClaimStore
-from tests.support.cni_run import Network, PodNamespaces, ping
-
-ROOT = Path(__file__).resolve().parent.parent
-SLUICECTL = ROOT / ".venv" / "bin" / "sluicectl"
-
-
-def sluicectl(*args: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [SLUICECTL, *map(str, args)], capture_output=True, text=True, timeout=60, check=False
-    )
+from tests.support.cni_run import Network, PodNamespaces, ping, sluicectl
 
 
 def write_conflist(network: Network, tmp_path: Path, plugin: dict[str, Any]) -> Path:

@@ -77,7 +77,7 @@ def load(conf_path: str | None, bpf_dir: str | None, force: bool) -> None:
 
 def show_report(bpf_dir: str) -> dict[str, Any]:
     from cni.datapath import bpf, loader
-    from cni.datapath.endpoint import HOOKS, attached_hooks
+    from cni.datapath.endpoint import HOOKS, attached_programs
     from cni.datapath.maps import MAPS
     from cni.datapath.structs import ip_str
     from cni.link import parse_alias
@@ -106,7 +106,7 @@ def show_report(bpf_dir: str) -> dict[str, Any]:
                     "containerID": owner[1] if owner else None,
                     "policyGeneration": ep.policy_gen,
                     "isolated": [d for d, bit in (("egress", 1), ("ingress", 2)) if ep.flags & bit],
-                    "attached": sorted(attached_hooks(ipr, ifindex)) if link else [],
+                    "attached": sorted(attached_programs(ipr, ifindex, bpf_dir)) if link else [],
                 }
             )
         fill = {}

@@ -25,6 +25,12 @@ OBJ_GET = 7
 PROG_GET_FD_BY_ID = 13
 MAP_GET_FD_BY_ID = 14
 OBJ_GET_INFO_BY_FD = 15
+LINK_CREATE = 28
+LINK_UPDATE = 29
+
+# tcx attach points (kernel 6.6 and later): no qdisc, several programs per hook.
+TCX_INGRESS = 46
+TCX_EGRESS = 47
 
 # Map types and flags used here.
 MAP_TYPE_HASH = 1
@@ -99,6 +105,43 @@ class _InfoByFd(ctypes.Structure):
         ("info_len", ctypes.c_uint32),
         ("info", ctypes.c_uint64),
         ("padding", ctypes.c_uint8 * 112),
+    ]
+
+
+class _LinkCreate(ctypes.Structure):
+    _fields_ = [
+        ("prog_fd", ctypes.c_uint32),
+        ("target_ifindex", ctypes.c_uint32),
+        ("attach_type", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
+        ("relative_fd", ctypes.c_uint32),
+        ("pad", ctypes.c_uint32),
+        ("expected_revision", ctypes.c_uint64),
+        ("padding", ctypes.c_uint8 * 96),
+    ]
+
+
+class _LinkUpdate(ctypes.Structure):
+    _fields_ = [
+        ("link_fd", ctypes.c_uint32),
+        ("new_prog_fd", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
+        ("old_prog_fd", ctypes.c_uint32),
+        ("padding", ctypes.c_uint8 * 112),
+    ]
+
+
+class LinkInfo(ctypes.Structure):
+    """struct bpf_link_info, as far as tcx links fill it."""
+
+    _fields_ = [
+        ("type", ctypes.c_uint32),
+        ("id", ctypes.c_uint32),
+        ("prog_id", ctypes.c_uint32),
+        ("pad", ctypes.c_uint32),
+        ("ifindex", ctypes.c_uint32),
+        ("attach_type", ctypes.c_uint32),
+        ("padding", ctypes.c_uint8 * 48),
     ]
 
 
@@ -231,6 +274,24 @@ def map_info(fd: int) -> MapInfo:
     info = MapInfo()
     attr = _InfoByFd(bpf_fd=fd, info_len=ctypes.sizeof(info), info=ctypes.addressof(info))
     _bpf(OBJ_GET_INFO_BY_FD, attr, "failed to read map info")
+    return info
+
+
+def link_create(prog_fd: int, ifindex: int, attach_type: int) -> int:
+    """Attach a program to a device hook with a bpf_link (tcx); the caller pins or closes it."""
+    attr = _LinkCreate(prog_fd=prog_fd, target_ifindex=ifindex, attach_type=attach_type)
+    return _bpf(LINK_CREATE, attr, f"failed to attach to ifindex {ifindex}")
+
+
+def link_update(link_fd: int, prog_fd: int) -> None:
+    """Swap the link's program in one step."""
+    _bpf(LINK_UPDATE, _LinkUpdate(link_fd=link_fd, new_prog_fd=prog_fd), "failed to update link")
+
+
+def link_info(fd: int) -> LinkInfo:
+    info = LinkInfo()
+    attr = _InfoByFd(bpf_fd=fd, info_len=ctypes.sizeof(info), info=ctypes.addressof(info))
+    _bpf(OBJ_GET_INFO_BY_FD, attr, "failed to read link info")
     return info
 
 

@@ -15,9 +15,17 @@ from pyroute2 import IPRoute
 from cni import link, masq
 
 PLUGIN_TIMEOUT = 60
+SLUICECTL = Path(__file__).resolve().parent.parent.parent / ".venv" / "bin" / "sluicectl"
 # One datapath for the whole test session (as on a node: one per node, shared by
 # networks); the session fixture in conftest removes it at the end.
 TEST_BPF_DIR = f"/sys/fs/bpf/slt-{os.getpid()}"
+
+
+def sluicectl(*args: object) -> subprocess.CompletedProcess[str]:
+    """Run the operator CLI; the caller checks the exit code."""
+    return subprocess.run(
+        [SLUICECTL, *map(str, args)], capture_output=True, text=True, timeout=60, check=False
+    )
 
 
 @dataclass
