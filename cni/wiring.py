@@ -126,6 +126,9 @@ def unwire(host: IPRoute, attachment: Attachment, bpf_dir: str) -> list[str]:
     """
     host_link = link.get_link(host, attachment.host_name)
     if host_link is None:
+        # Deleted behind our back: its ifindex is unknown, so drop every endpoint
+        # whose veth no longer exists.
+        endpoint.sweep(bpf_dir, endpoint.live_ifindexes())
         return []
     owner = link.parse_alias(host_link.alias)
     if owner is not None and owner[0] != attachment.network:

@@ -515,6 +515,20 @@ def test_reload_keeps_maps_and_established_flows(trio: list[Pod], dp: Datapath) 
     assert len(dp.flows()) >= flows
 
 
+def test_reload_and_del_after_a_veth_vanished(
+    network: Network, pods: PodNamespaces, dp: Datapath
+) -> None:
+    netns = pods.new()
+    result = network.add(netns, "gone")
+    veth = result["interfaces"][0]["name"]
+    ifindex = int(Path(f"/sys/class/net/{veth}/ifindex").read_text())
+    subprocess.run(["ip", "link", "del", veth], check=True)  # behind sluice's back
+    assert loader.load(TEST_BPF_DIR, force=True)  # its severed links do not stop a reload
+    assert dp.endpoint(ifindex) is None
+    assert not Path(link_path(TEST_BPF_DIR, ifindex, "from_pod")).exists()
+    network.delete(netns, "gone").ok()
+
+
 def test_check_notices_a_missing_program_or_entry(
     network: Network, pods: PodNamespaces, dp: Datapath
 ) -> None:

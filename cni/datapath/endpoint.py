@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import socket
 
 from cni.datapath import bpf
 from cni.datapath.maps import Datapath, DatapathMissing
@@ -125,20 +126,33 @@ def switch_programs(bpf_dir: str, ifindexes: list[int]) -> None:
     with IPRoute() as ipr:
         for ifindex in ifindexes:
             if os.path.exists(link_path(bpf_dir, ifindex, "from_pod")):
-                for program in HOOKS:
-                    link_fd = bpf.obj_get(link_path(bpf_dir, ifindex, program))
-                    prog_fd = _program_fd(bpf_dir, program)
-                    try:
-                        bpf.link_update(link_fd, prog_fd)
-                    finally:
-                        os.close(prog_fd)
-                        os.close(link_fd)
+                try:
+                    _update_links(bpf_dir, ifindex)
+                except bpf.BPFError as err:
+                    if err.errno != errno.ENOLINK:
+                        raise
+                    detach(ifindex, bpf_dir)  # the veth is gone: nothing to switch
                 continue
             try:
                 _filters(ipr, "replace-filter", ifindex, bpf_dir)
             except NetlinkError as err:
                 if err.code not in (errno.ENODEV, errno.ENOENT, errno.EINVAL):
                     raise
+
+
+def _update_links(bpf_dir: str, ifindex: int) -> None:
+    for program in HOOKS:
+        link_fd = bpf.obj_get(link_path(bpf_dir, ifindex, program))
+        prog_fd = _program_fd(bpf_dir, program)
+        try:
+            bpf.link_update(link_fd, prog_fd)
+        finally:
+            os.close(prog_fd)
+            os.close(link_fd)
+
+
+def live_ifindexes() -> set[int]:
+    return {index for index, _ in socket.if_nameindex()}
 
 
 def pinned_programs(bpf_dir: str) -> dict[str, int]:

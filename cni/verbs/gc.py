@@ -38,11 +38,10 @@ def run(request: Request) -> None:
                 log.info("gc: removed veth %s of %s/%s", veth.name, container_id, ifname)
             except CNIError as err:
                 errors.append(err)
-        live = {msg["index"] for msg in host.link("dump")}
     for step in (
         lambda: ipam_client.for_request(request).gc(valid),
         lambda: _resync_masquerade(conf, remaining_ips),
-        lambda: endpoint.sweep(conf.bpf_dir, live),
+        lambda: endpoint.sweep(conf.bpf_dir, endpoint.live_ifindexes()),
     ):
         try:
             step()
