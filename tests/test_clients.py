@@ -148,6 +148,27 @@ conn.close()
 """
 
 
+def reaches_pod_through(netns: str, host_port: int) -> bool:
+    """A connection to the node's hostPort gets the pod's echo server."""
+    server = subprocess.Popen(
+        ["ip", "netns", "exec", Path(netns).name, "/usr/bin/python3", "-c", TCP_ECHO],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None and server.stdout.readline().strip() == "ready"
+        for _ in range(20):  # give the DNAT rules a moment
+            try:
+                with socket.create_connection((node_address(), host_port), timeout=3) as conn:
+                    return conn.recv(100) == b"pong from pod"
+            except OSError:
+                time.sleep(0.2)
+        return False
+    finally:
+        server.kill()
+        server.wait()
+
+
 @pytest.mark.usefixtures("nat_tables_restored")
 def test_chain_with_portmap_and_bandwidth(
     network: Network, pods: PodNamespaces, cnitool: Any
@@ -169,36 +190,22 @@ def test_chain_with_portmap_and_bandwidth(
         },
     }
     netns = pods.new()
-    result = json.loads(cnitool("add", netns, config, cap_args=cap_args).stdout)
-    host_veth = result["interfaces"][0]["name"]
-    # bandwidth shapes the node-side veth it found in sluice's result.
-    qdiscs = subprocess.run(
-        ["tc", "qdisc", "show", "dev", host_veth], capture_output=True, text=True, check=True
-    ).stdout
-    assert "tbf" in qdiscs or "ingress" in qdiscs, qdiscs
-
-    server = subprocess.Popen(
-        ["ip", "netns", "exec", Path(netns).name, "/usr/bin/python3", "-c", TCP_ECHO],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
     try:
-        assert server.stdout is not None and server.stdout.readline().strip() == "ready"
-        reply = b""
-        for _ in range(20):  # give the DNAT rules a moment
-            try:
-                with socket.create_connection((node_address(), host_port), timeout=3) as conn:
-                    reply = conn.recv(100)
-                break
-            except OSError:
-                time.sleep(0.2)
-        assert reply == b"pong from pod"
+        result = json.loads(cnitool("add", netns, config, cap_args=cap_args).stdout)
+        host_veth = result["interfaces"][0]["name"]
+        # bandwidth shapes the node-side veth it found in sluice's result; its ingress
+        # qdisc sits beside sluice's tcx programs.
+        qdiscs = subprocess.run(
+            ["tc", "qdisc", "show", "dev", host_veth], capture_output=True, text=True, check=True
+        ).stdout
+        assert "tbf" in qdiscs and "ingress" in qdiscs, qdiscs
+        assert reaches_pod_through(netns, host_port)
     finally:
-        server.kill()
-        server.wait()
-    # No CHECK here: Debian's portmap 1.1.1 fails its own CHECK on an IPv4-only
-    # pod ("could not check ipv6 dnat: chain CNI-DN-… not found").
-    cnitool("del", netns, config, cap_args=cap_args)
+        # A failed ADD leaves the chain half-done; the runtime's DEL undoes it (in
+        # reverse order). No CHECK here: Debian's portmap 1.1.1 fails its own CHECK
+        # on an IPv4-only pod ("could not check ipv6 dnat: chain CNI-DN-… not found").
+        deleted = cnitool("del", netns, config, cap_args=cap_args, check=False)
+    assert deleted.returncode == 0, deleted.stderr
     assert network.veths() == [] and network.allocations() == {}
     rules = subprocess.run(
         ["iptables-save", "-t", "nat"], capture_output=True, text=True, check=True
