@@ -7,7 +7,7 @@ configurations, interleaved within each round (the order rotates per round)
 so that machine noise hits all of them alike:
 
     no program        the pods' node-side veths without the sluice programs
-                      (their tc filters deleted; endpoint entries kept)
+                      (their programs detached; endpoint entries kept)
     program, no pol.  what the plugin attaches with "policy": "off"
     1,000 rules       programs, and a 1,000-rule ingress policy on the server pod
     10,000 rules      programs, and a 10,000-rule ingress policy on the server pod
@@ -445,13 +445,12 @@ class Bench:
             policy = self.policies[want[1]] if want[1] else P.EndpointPolicy()
             P.install(self.dp, self.server.ifindex, policy)
         if have[0] != want[0]:
-            pods = (self.server, self.client)
-            if want[0]:
-                endpoint.switch_programs(self.bpf_dir, [p.ifindex for p in pods])
-            else:
-                for pod in pods:
-                    for hook in ("ingress", "egress"):
-                        run(["tc", "filter", "del", "dev", pod.veth, hook])
+            with IPRoute() as ipr:
+                for pod in (self.server, self.client):
+                    if want[0]:
+                        endpoint.attach_programs(ipr, pod.ifindex, pod.veth, self.bpf_dir)
+                    else:
+                        endpoint.detach_programs(ipr, pod.ifindex, self.bpf_dir)
         self.check_hooks(want[0])
         if want[2] and have[2] != want[2]:
             self.add_chain(want[2])
@@ -460,7 +459,7 @@ class Bench:
     def check_hooks(self, attached: bool) -> None:
         with IPRoute() as ipr:
             for pod in (self.server, self.client):
-                hooks = endpoint.attached_hooks(ipr, pod.ifindex)
+                hooks = set(endpoint.attached_programs(ipr, pod.ifindex, self.bpf_dir))
                 if hooks != (set(endpoint.HOOKS) if attached else set()):
                     raise RuntimeError(f"{pod.veth} runs {sorted(hooks)}, attached={attached}")
 

@@ -91,18 +91,30 @@ def attach(
     try:
         with Datapath(bpf_dir) as datapath:
             datapath.set_endpoint(ifindex, Endpoint(ip=ip_be(pod_ip), policy_gen=0, flags=flags))
-        if _attach_links(ifindex, bpf_dir):
-            return
-        with kernel_op(f'add clsact to "{name}"'):
-            try:
-                ipr.tc("add", "clsact", ifindex)
-            except NetlinkError as err:
-                if err.code != errno.EEXIST:
-                    raise
-        with kernel_op(f'attach the datapath to "{name}"'):
-            _filters(ipr, "add-filter", ifindex, bpf_dir)
+        attach_programs(ipr, ifindex, name, bpf_dir)
     except (bpf.BPFError, DatapathMissing) as err:
         raise CNIError(ERR_KERNEL, f'failed to attach the datapath to "{name}": {err}') from None
+
+
+def attach_programs(ipr: IPRoute, ifindex: int, name: str, bpf_dir: str) -> None:
+    """The pinned programs on the veth's hooks: tcx links, or clsact filters."""
+    if _attach_links(ifindex, bpf_dir):
+        return
+    with kernel_op(f'add clsact to "{name}"'):
+        try:
+            ipr.tc("add", "clsact", ifindex)
+        except NetlinkError as err:
+            if err.code != errno.EEXIST:
+                raise
+    with kernel_op(f'attach the datapath to "{name}"'):
+        _filters(ipr, "add-filter", ifindex, bpf_dir)
+
+
+def detach_programs(ipr: IPRoute, ifindex: int, bpf_dir: str) -> None:
+    """Take the programs off the veth, keeping its endpoint entry."""
+    _unpin_links(bpf_dir, ifindex)
+    with contextlib.suppress(NetlinkError):
+        ipr.tc("del", "clsact", ifindex)
 
 
 def _unpin_links(bpf_dir: str, ifindex: int) -> None:
