@@ -75,6 +75,11 @@ class Contender:
         self.delete.append(dels)
 
 
+def nft_table_exists(family: str, name: str) -> bool:
+    proc = subprocess.run(["nft", "list", "table", family, name], capture_output=True, check=False)
+    return proc.returncode == 0
+
+
 def median_ms(samples: list[list[float]]) -> float:
     return statistics.median(x for round_ in samples for x in round_) * 1000
 
@@ -112,6 +117,8 @@ def main() -> None:
     )
     for plugin in ("ptp", "bridge", "host-local"):
         (bin_dir / plugin).symlink_to(REFERENCE / plugin)
+    # ptp's ipMasq creates iptables' nat table and leaves it behind: remove it after.
+    nat_existed = nft_table_exists("ip", "nat")
     # The datapath is compiled once per node, before any pod: not part of an ADD.
     bpf_dir = f"/sys/fs/bpf/slbench-{os.getpid()}"
     loader.load(bpf_dir)
@@ -157,6 +164,8 @@ def main() -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(bpf_dir, ignore_errors=True)
+        if not nat_existed and nft_table_exists("ip", "nat"):
+            subprocess.run(["nft", "delete", "table", "ip", "nat"], check=False)
         subprocess.run(
             ["nft", "delete", "table", "ip", "sluice_bench-sluice"],
             check=False,
