@@ -22,6 +22,7 @@ demo: setup
 bench: setup
 	$(PY) bench/add_del.py
 	$(PY) bench/ipam_churn.py
+	$(PY) bench/datapath.py
 
 lint: venv
 	$(PY) -m ruff check cni ipam tests bench demo

@@ -29,6 +29,7 @@ from tests.support.cni_run import (
     Network,
     PodNamespaces,
     in_netns,
+    node_veth,
     ping,
     sluicectl,
 )
@@ -60,8 +61,7 @@ def trio(network: Network, pods: PodNamespaces) -> Iterator[list[Pod]]:
         for cid in "abc":
             netns = pods.new()
             result = network.add(netns, cid)
-            veth = result["interfaces"][0]["name"]
-            ifindex = int(Path(f"/sys/class/net/{veth}/ifindex").read_text())
+            veth, ifindex = node_veth(result)
             made.append(Pod(cid, netns, result["ips"][0]["address"].split("/")[0], veth, ifindex))
         yield made
     finally:
@@ -479,7 +479,7 @@ def test_del_leaves_no_stale_entries(network: Network, pods: PodNamespaces, dp: 
     netns, peer_ns = pods.new(), pods.new()
     result = network.add(netns, "x")
     peer = network.add(peer_ns, "y")
-    ifindex = int(Path(f"/sys/class/net/{result['interfaces'][0]['name']}/ifindex").read_text())
+    _, ifindex = node_veth(result)
     P.install(dp, ifindex, P.EndpointPolicy(ingress=allow(rule("0.0.0.0/0"))))
     assert ping(peer_ns, result["ips"][0]["address"].split("/")[0])
     assert any(k.ifindex == ifindex for k, _ in dp.flows())
@@ -520,8 +520,7 @@ def test_reload_and_del_after_a_veth_vanished(
 ) -> None:
     netns = pods.new()
     result = network.add(netns, "gone")
-    veth = result["interfaces"][0]["name"]
-    ifindex = int(Path(f"/sys/class/net/{veth}/ifindex").read_text())
+    veth, ifindex = node_veth(result)
     subprocess.run(["ip", "link", "del", veth], check=True)  # behind sluice's back
     assert loader.load(TEST_BPF_DIR, force=True)  # its severed links do not stop a reload
     assert dp.endpoint(ifindex) is None
@@ -534,8 +533,7 @@ def test_check_notices_a_missing_program_or_entry(
 ) -> None:
     netns = pods.new()
     result = network.add(netns, "c1")
-    veth = result["interfaces"][0]["name"]
-    ifindex = int(Path(f"/sys/class/net/{veth}/ifindex").read_text())
+    _, ifindex = node_veth(result)
     network.check(netns, "c1", result).ok()
     # Unpinning a tcx link detaches its program.
     Path(link_path(TEST_BPF_DIR, ifindex, "to_pod")).unlink()
@@ -544,8 +542,7 @@ def test_check_notices_a_missing_program_or_entry(
     network.delete(netns, "c1").ok()
 
     result = network.add(netns, "c2")
-    veth = result["interfaces"][0]["name"]
-    ifindex = int(Path(f"/sys/class/net/{veth}/ifindex").read_text())
+    _, ifindex = node_veth(result)
     dp.delete_endpoint(ifindex)
     run = network.check(netns, "c2", result)
     assert run.error_code == 101 and "endpoint entry" in run.out["details"]
@@ -557,8 +554,7 @@ def test_gc_sweeps_endpoints_whose_veth_is_gone(
 ) -> None:
     netns = pods.new()
     result = network.add(netns, "c1")
-    veth = result["interfaces"][0]["name"]
-    ifindex = int(Path(f"/sys/class/net/{veth}/ifindex").read_text())
+    veth, ifindex = node_veth(result)
     subprocess.run(["ip", "link", "del", veth], check=True)  # gone behind sluice's back
     assert dp.endpoint(ifindex) is not None
     network.run(

@@ -23,7 +23,7 @@ import pytest
 from cni.datapath.maps import Datapath
 from cni.link import HOST_MAC
 from cni.versions import SUPPORTED
-from tests.support.cni_run import TEST_BPF_DIR, Network, PodNamespaces, in_netns, ping
+from tests.support.cni_run import TEST_BPF_DIR, Network, PodNamespaces, in_netns, node_veth, ping
 from tests.support.probes import node_address, udp_source_seen
 
 GATEWAY = "169.254.1.1"
@@ -530,8 +530,7 @@ def test_check_needs_prev_result(network: Network, pods: PodNamespaces) -> None:
 def test_check_when_the_veth_is_gone(network: Network, pods: PodNamespaces) -> None:
     netns = pods.new()
     result = network.add(netns, "c1")
-    veth = result["interfaces"][0]["name"]
-    ifindex = int(Path(f"/sys/class/net/{veth}/ifindex").read_text())
+    veth, ifindex = node_veth(result)
     subprocess.run(["ip", "link", "del", veth], check=True)
     run = network.check(netns, "c1", result)
     assert run.error_code == 101 and "missing" in run.out["details"]

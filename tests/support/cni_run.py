@@ -226,6 +226,12 @@ class PodNamespaces:
             self.remove(f"/run/netns/{name}")
 
 
+def node_veth(result: dict[str, Any]) -> tuple[str, int]:
+    """The node-side veth of an ADD result: (name, ifindex), the datapath's endpoint key."""
+    name = result["interfaces"][0]["name"]
+    return name, int(Path(f"/sys/class/net/{name}/ifindex").read_text())
+
+
 def in_netns(
     path: str, *command: str, timeout: float = 20, check: bool = False
 ) -> subprocess.CompletedProcess[str]:
