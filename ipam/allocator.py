@@ -9,14 +9,17 @@ served.
 from __future__ import annotations
 
 import ipaddress
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from cni.errors import ERR_NO_ADDRESS, CNIError
 from ipam.config import IPAMConfig, NodeCIDRConfig, PrefixConfig
 from ipam.store import AllocationRow, Store, store_path
 
 Clock = Callable[[], float]
+log = logging.getLogger("sluice.ipam")
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,27 @@ class Allocator:
     def _choose(self) -> ipaddress.IPv4Address:
         """The mode's choice of a free address (inside the write transaction)."""
         raise NotImplementedError
+
+    def _longest_cooled(
+        self, usable: Callable[[ipaddress.IPv4Address], bool], none_left: str
+    ) -> ipaddress.IPv4Address:
+        """The usable cooling address released longest ago, when nothing else is left."""
+        taken = {row.ip for row in self.store.allocations()}
+        cooling = [
+            (released, ip)
+            for ip, released in self.store.cooling().items()
+            if ip not in taken and usable(ipaddress.IPv4Address(ip))
+        ]
+        if not cooling:
+            raise CNIError(ERR_NO_ADDRESS, none_left)
+        released, ip = min(cooling)
+        log.warning(
+            "only cooling addresses are left in network %s: reusing %s, released %.0f s ago",
+            self.config.network,
+            ip,
+            self.clock() - released,
+        )
+        return ipaddress.IPv4Address(ip)
 
     def _after_allocate(self) -> None:
         """Hook inside the write transaction that allocated an address."""

@@ -9,15 +9,11 @@ when only cooling addresses are left, the one released longest ago is taken.
 from __future__ import annotations
 
 import ipaddress
-import logging
 from collections.abc import Iterator
 
-from cni.errors import ERR_NO_ADDRESS, CNIError
 from ipam.allocator import Allocator, Clock
 from ipam.config import NodeCIDRConfig
 from ipam.store import Store
-
-log = logging.getLogger("sluice.ipam")
 
 
 class NodeCIDRAllocator(Allocator):
@@ -42,24 +38,9 @@ class NodeCIDRAllocator(Allocator):
             (a for a in self.candidates() if str(a) not in taken and str(a) not in cooling),
             None,
         )
-        return chosen if chosen is not None else self._longest_cooled(cooling, taken)
-
-    def _longest_cooled(self, cooling: dict[str, float], taken: set[str]) -> ipaddress.IPv4Address:
-        in_range = [
-            (released, ip)
-            for ip, released in cooling.items()
-            if ip not in taken and self.in_range(ipaddress.IPv4Address(ip))
-        ]
-        if not in_range:
-            raise CNIError(ERR_NO_ADDRESS, self._exhausted())
-        released, ip = min(in_range)
-        log.warning(
-            "only cooling addresses are left in %s: reusing %s, released %.0f s ago",
-            self.config.subnet,
-            ip,
-            self.clock() - released,
-        )
-        return ipaddress.IPv4Address(ip)
+        if chosen is not None:
+            return chosen
+        return self._longest_cooled(self.in_range, self._exhausted())
 
     def _exhausted(self) -> str:
         return (

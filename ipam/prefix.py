@@ -23,7 +23,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 
-from cni.errors import ERR_NO_ADDRESS, ERR_STORE, CNIError
+from cni.errors import ERR_STORE, CNIError
 from ipam.allocator import Allocator, Clock
 from ipam.claims import Claim, LocalClaimStore
 from ipam.config import PrefixConfig
@@ -113,26 +113,7 @@ class PrefixAllocator(Allocator):
         block = self._claim()
         if block is not None:
             return block.network_address
-        return self._longest_cooled(held)
-
-    def _longest_cooled(self, held: list[Block]) -> ipaddress.IPv4Address:
-        taken = {row.ip for row in self.store.allocations()}
-        cooling = [
-            (released, ip)
-            for ip, released in self.store.cooling().items()
-            if ip not in taken and any(ipaddress.IPv4Address(ip) in b for b in held)
-        ]
-        if not cooling:
-            raise CNIError(ERR_NO_ADDRESS, self._no_block())
-        released, ip = min(cooling)
-        log.warning(
-            "no free block in pool %s and only cooling addresses in this node's blocks: "
-            "reusing %s, released %.0f s ago",
-            self.config.pool,
-            ip,
-            self.clock() - released,
-        )
-        return ipaddress.IPv4Address(ip)
+        return self._longest_cooled(lambda ip: any(ip in b for b in held), self._no_block())
 
     def _reserve(self) -> int:
         """Free addresses the warm reserve asks for: warmPrefixes blocks' worth."""

@@ -22,8 +22,6 @@ MAP_DELETE_ELEM = 3
 MAP_GET_NEXT_KEY = 4
 OBJ_PIN = 6
 OBJ_GET = 7
-PROG_GET_FD_BY_ID = 13
-MAP_GET_FD_BY_ID = 14
 OBJ_GET_INFO_BY_FD = 15
 LINK_CREATE = 28
 LINK_UPDATE = 29
@@ -35,7 +33,6 @@ TCX_EGRESS = 47
 # Map types and flags used here.
 MAP_TYPE_HASH = 1
 MAP_TYPE_ARRAY = 2
-MAP_TYPE_PERCPU_ARRAY = 6
 MAP_TYPE_LPM_TRIE = 11
 F_NO_PREALLOC = 1 << 0
 ANY = 0
@@ -87,15 +84,6 @@ class _ObjPin(ctypes.Structure):
         ("bpf_fd", ctypes.c_uint32),
         ("file_flags", ctypes.c_uint32),
         ("padding", ctypes.c_uint8 * 112),
-    ]
-
-
-class _GetById(ctypes.Structure):
-    _fields_ = [
-        ("id", ctypes.c_uint32),
-        ("next_id", ctypes.c_uint32),
-        ("open_flags", ctypes.c_uint32),
-        ("padding", ctypes.c_uint8 * 116),
     ]
 
 
@@ -253,14 +241,6 @@ def map_next_key(fd: int, key: ctypes._CData | None, next_key: ctypes._CData) ->
             return False
         raise
     return True
-
-
-def map_fd_by_id(map_id: int) -> int:
-    return _bpf(MAP_GET_FD_BY_ID, _GetById(id=map_id), f"failed to open map id {map_id}")
-
-
-def prog_fd_by_id(prog_id: int) -> int:
-    return _bpf(PROG_GET_FD_BY_ID, _GetById(id=prog_id), f"failed to open program id {prog_id}")
 
 
 def prog_info(fd: int) -> ProgInfo:
