@@ -82,7 +82,7 @@ from cni.datapath import endpoint
 from cni.datapath import policy as P
 from cni.datapath.events import DenyEvent, RingBuffer
 from cni.datapath.maps import Datapath
-from cni.netlink import IPRoute
+from cni.net.netlink import IPRoute
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = ROOT / ".venv" / "bin"

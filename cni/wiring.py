@@ -15,10 +15,10 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
-from cni import addr, link, route
 from cni.datapath import endpoint
-from cni.netlink import IPRoute
-from cni.netns import Netns
+from cni.net import addr, link, route
+from cni.net.netlink import IPRoute
+from cni.net.netns import Netns
 from cni.protocol import Request
 from cni.result import Route
 
@@ -40,8 +40,8 @@ class Attachment:
         return cls(request.network, request.container_id, request.ifname)
 
     @property
-    def host_name(self) -> str:
-        return link.host_veth_name(self.container_id, self.ifname)
+    def node_veth(self) -> str:
+        return link.node_veth_name(self.container_id, self.ifname)
 
     @property
     def alias(self) -> str:
@@ -61,7 +61,7 @@ def pod_routes(ipam_routes: list[Route]) -> list[Route]:
 
 
 def wire(
-    host: IPRoute,
+    node: IPRoute,
     pod: IPRoute,
     netns: Netns,
     attachment: Attachment,
@@ -77,63 +77,63 @@ def wire(
     so no packet ever crosses the pair unjudged.
     """
     ifname = attachment.ifname
-    link.create_veth(host, attachment.host_name, attachment.alias, ifname, netns.fd, mtu, pod_mac)
+    link.create_veth(node, attachment.node_veth, attachment.alias, ifname, netns.fd, mtu, pod_mac)
     pod_link = link.get_link(pod, ifname)
-    host_link = link.get_link(host, attachment.host_name)
-    if pod_link is None or host_link is None:
-        raise RuntimeError(f"veth {attachment.host_name}/{ifname} vanished after creation")
+    node_link = link.get_link(node, attachment.node_veth)
+    if pod_link is None or node_link is None:
+        raise RuntimeError(f"veth {attachment.node_veth}/{ifname} vanished after creation")
     pod_ip = str(ipaddress.ip_interface(addresses[0]).ip)
-    endpoint.attach(host, host_link.index, host_link.name, pod_ip, bpf_dir)
+    endpoint.attach(node, node_link.index, node_link.name, pod_ip, bpf_dir)
 
     for cidr in addresses:
         addr.add_address(pod, pod_link.index, ifname, cidr)
     link.set_up(pod, pod_link.index, ifname)
     route.add_route(pod, pod_link.index, ifname, Route(dst=f"{GATEWAY}/32"))
-    addr.add_permanent_neighbor(pod, pod_link.index, ifname, GATEWAY, link.HOST_MAC)
+    addr.add_permanent_neighbor(pod, pod_link.index, ifname, GATEWAY, link.NODE_VETH_MAC)
     for r in routes:
         route.add_route(pod, pod_link.index, ifname, r)
 
-    link.set_up(host, host_link.index, host_link.name)
+    link.set_up(node, node_link.index, node_link.name)
     for cidr in addresses:
-        route.add_host_route(
-            host, host_link.index, attachment.host_name, str(ipaddress.ip_interface(cidr).ip)
+        route.add_route_to_pod(
+            node, node_link.index, attachment.node_veth, str(ipaddress.ip_interface(cidr).ip)
         )
-    return host_link, pod_link
+    return node_link, pod_link
 
 
-def host_routed_ips(host: IPRoute, host_link: link.Link) -> list[str]:
+def node_routed_ips(node: IPRoute, node_link: link.Link) -> list[str]:
     """Pod addresses the node routes through this veth (its /32 host routes)."""
     return [
-        r.dst.split("/")[0] for r in route.routes(host, host_link.index) if r.dst.endswith("/32")
+        r.dst.split("/")[0] for r in route.routes(node, node_link.index) if r.dst.endswith("/32")
     ]
 
 
-def pod_routed_to(host: IPRoute, ip: str) -> str | None:
+def pod_routed_to(node: IPRoute, ip: str) -> str | None:
     """The alias of the sluice veth the node routes ``ip`` to, if any."""
-    for msg in host.route("get", dst=ip):
+    for msg in node.route("get", dst=ip):
         oif = msg.get("RTA_OIF")
         if oif:
-            (dev,) = host.link("get", index=oif)
+            (dev,) = node.link("get", index=oif)
             alias = dev.get("IFLA_IFALIAS")
             if link.parse_alias(alias):
                 return alias
     return None
 
 
-def unwire(host: IPRoute, attachment: Attachment, bpf_dir: str) -> list[str]:
+def unwire(node: IPRoute, attachment: Attachment, bpf_dir: str) -> list[str]:
     """Forget the endpoint, delete the pair (the pod end goes with it); return the pod
     addresses it carried. A veth labelled for another network is left alone.
     """
-    host_link = link.get_link(host, attachment.host_name)
-    if host_link is None:
+    node_link = link.get_link(node, attachment.node_veth)
+    if node_link is None:
         # Deleted behind our back: its ifindex is unknown, so drop every endpoint
         # whose veth no longer exists.
         endpoint.sweep(bpf_dir, endpoint.live_ifindexes())
         return []
-    owner = link.parse_alias(host_link.alias)
+    owner = link.parse_alias(node_link.alias)
     if owner is not None and owner[0] != attachment.network:
         return []
-    ips = host_routed_ips(host, host_link)
-    endpoint.detach(host_link.index, bpf_dir)
-    link.delete_link(host, attachment.host_name)
+    ips = node_routed_ips(node, node_link)
+    endpoint.detach(node_link.index, bpf_dir)
+    link.delete_link(node, attachment.node_veth)
     return ips

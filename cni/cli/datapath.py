@@ -80,8 +80,8 @@ def show_report(bpf_dir: str) -> dict[str, Any]:
     from cni.datapath.endpoint import HOOKS, attached_programs
     from cni.datapath.maps import MAPS
     from cni.datapath.structs import ip_str
-    from cni.link import parse_alias
-    from cni.netlink import IPRoute
+    from cni.net.link import parse_alias
+    from cni.net.netlink import IPRoute
 
     programs = {}
     for name in HOOKS:

@@ -235,18 +235,19 @@ def store_findings(allocator: Allocator) -> list[Finding]:
 
 def veth_findings(target: Target, allocator: Allocator, repair: bool) -> list[Finding]:
     """Allocations and node-side veths that should come in pairs but do not."""
-    from cni import link, masq, wiring
+    from cni import wiring
+    from cni.net import link, masq
+    from cni.net.netlink import IPRoute
     from cni.netconf import DEFAULT_BPF_DIR
-    from cni.netlink import IPRoute
 
     findings = []
     network = target.config.network
     allocations = {(a.container_id, a.ifname): a for a in allocator.allocations()}
-    with IPRoute() as host:
-        veths = {(cid, ifname): veth for veth, cid, ifname in link.attachment_links(host, network)}
+    with IPRoute() as node:
+        veths = {(cid, ifname): veth for veth, cid, ifname in link.attachment_links(node, network)}
         for key, a in sorted(allocations.items()):
             if key in veths:
-                routed = wiring.host_routed_ips(host, veths[key])
+                routed = wiring.node_routed_ips(node, veths[key])
                 if str(a.ip) not in routed:
                     findings.append(
                         Finding(
@@ -267,7 +268,7 @@ def veth_findings(target: Target, allocator: Allocator, repair: bool) -> list[Fi
             finding = Finding("veth-without-allocation", f"{veth.name} of {key[0]}/{key[1]}")
             if repair:
                 bpf_dir = target.plugin.get("bpfDir", DEFAULT_BPF_DIR)
-                ips = wiring.unwire(host, wiring.Attachment(network, *key), bpf_dir)
+                ips = wiring.unwire(node, wiring.Attachment(network, *key), bpf_dir)
                 if ips and target.plugin.get("ipMasq", True):
                     masq.remove(network, ips)
                 finding.repaired = True

@@ -24,7 +24,7 @@ from cni.datapath import bpf
 from cni.datapath.maps import Datapath, DatapathMissing
 from cni.datapath.structs import Endpoint, ip_be
 from cni.errors import ERR_CHECK_FAILED, ERR_KERNEL, CNIError
-from cni.netlink import IPRoute, NetlinkError, kernel_op
+from cni.net.netlink import IPRoute, NetlinkError, kernel_op
 
 # program -> (tcx attach type, clsact parent)
 HOOKS = {"from_pod": (bpf.TCX_INGRESS, "ffff:fff2"), "to_pod": (bpf.TCX_EGRESS, "ffff:fff3")}

@@ -12,7 +12,7 @@ import re
 import signal
 from typing import Any
 
-from cni import ipam_client, link, masq, sysctl, wiring
+from cni import ipam_client, wiring
 from cni.datapath import loader
 from cni.errors import (
     ERR_INVALID_CONFIG,
@@ -21,8 +21,9 @@ from cni.errors import (
     ERR_UNSUPPORTED_FIELD,
     CNIError,
 )
-from cni.netlink import IPRoute, pod_socket
-from cni.netns import Netns, NetnsGone, NotANetns
+from cni.net import link, masq, sysctl
+from cni.net.netlink import IPRoute, pod_socket
+from cni.net.netns import Netns, NetnsGone, NotANetns
 from cni.protocol import Request, prev_result
 from cni.result import Interface, IPConfig, Result
 from cni.verbs import load_conf, require_standalone
@@ -44,14 +45,14 @@ def run(request: Request) -> dict[str, Any]:
     stop = StopRequest()
 
     attachment = wiring.Attachment.of(request)
-    with open_pod_netns(request.netns) as netns, IPRoute() as host, pod_socket(netns) as pod:
+    with open_pod_netns(request.netns) as netns, IPRoute() as node, pod_socket(netns) as pod:
         if link.get_link(pod, request.ifname) is not None:
             raise CNIError(
                 ERR_INVALID_ENV,
                 f'interface "{request.ifname}" already exists in netns "{request.netns}"',
             )
-        remove_leftover_veth(host, attachment, conf.bpf_dir)
-        mtu = conf.mtu or link.default_route_mtu(host) or wiring.DEFAULT_MTU
+        remove_leftover_veth(node, attachment, conf.bpf_dir)
+        mtu = conf.mtu or link.default_route_mtu(node) or wiring.DEFAULT_MTU
         # Compiles only if nothing is pinned yet ("policy": "off" without an agent).
         loader.ensure_loaded(conf.bpf_dir)
         ipam = ipam_client.for_request(request)
@@ -62,22 +63,22 @@ def run(request: Request) -> dict[str, Any]:
             addresses = pod_addresses(ipam_result)
             routes = wiring.pod_routes(ipam_result.routes)
             sysctl.ensure("net.ipv4.ip_forward", "1")
-            host_link, pod_link = wiring.wire(
-                host, pod, netns, attachment, mtu, pod_mac, addresses, routes, conf.bpf_dir
+            node_link, pod_link = wiring.wire(
+                node, pod, netns, attachment, mtu, pod_mac, addresses, routes, conf.bpf_dir
             )
             stop.check()
             if conf.ip_masq and conf.cluster_cidr is not None:
                 masq.add(conf.network, conf.cluster_cidr, [a.split("/")[0] for a in addresses])
         except BaseException:
             stop.ignore()
-            rollback(host, attachment, ipam, allocated, conf.bpf_dir)
+            rollback(node, attachment, ipam, allocated, conf.bpf_dir)
             raise
     stop.ignore()  # the pod is wired: finish and report it
 
     ours = Result(
         request.cni_version,
         interfaces=[
-            Interface(host_link.name, host_link.mac, mtu),
+            Interface(node_link.name, node_link.mac, mtu),
             Interface(pod_link.name, pod_link.mac, mtu, sandbox=request.netns),
         ],
         ips=[IPConfig(a, wiring.GATEWAY, interface=1) for a in addresses],
@@ -130,25 +131,25 @@ def pod_addresses(ipam_result: Result) -> list[str]:
     return [ip.address for ip in ipam_result.ips]
 
 
-def remove_leftover_veth(host: IPRoute, attachment: wiring.Attachment, bpf_dir: str) -> None:
+def remove_leftover_veth(node: IPRoute, attachment: wiring.Attachment, bpf_dir: str) -> None:
     """A node-side veth of this very attachment, left by an ADD that was killed."""
-    existing = link.get_link(host, attachment.host_name)
+    existing = link.get_link(node, attachment.node_veth)
     if existing is None:
         return
     if existing.alias not in (None, attachment.alias):
         raise CNIError(
             ERR_INVALID_ENV,
-            f'veth name "{attachment.host_name}" for container '
+            f'veth name "{attachment.node_veth}" for container '
             f"{attachment.container_id!r} is taken by {existing.alias!r}",
         )
     log.warning("removing leftover veth %s of %s", existing.name, attachment.alias)
-    ips = wiring.unwire(host, attachment, bpf_dir)
+    ips = wiring.unwire(node, attachment, bpf_dir)
     if ips:
         masq.remove(attachment.network, ips)
 
 
 def rollback(
-    host: IPRoute,
+    node: IPRoute,
     attachment: wiring.Attachment,
     ipam: ipam_client.IPAM,
     allocated: bool,
@@ -156,7 +157,7 @@ def rollback(
 ) -> None:
     """Best effort: each undo step runs even if an earlier one fails."""
     try:
-        ips = wiring.unwire(host, attachment, bpf_dir)
+        ips = wiring.unwire(node, attachment, bpf_dir)
         if ips:
             masq.remove(attachment.network, ips)
     except Exception as err:

@@ -9,10 +9,11 @@ Routes that later plugins added are tolerated.
 
 from __future__ import annotations
 
-from cni import addr, ipam_client, link, masq, route, wiring
+from cni import ipam_client, wiring
 from cni.datapath import endpoint
 from cni.errors import ERR_CHECK_FAILED, ERR_INVALID_CONFIG, CNIError
-from cni.netlink import IPRoute, pod_socket
+from cni.net import addr, link, masq, route
+from cni.net.netlink import IPRoute, pod_socket
 from cni.protocol import Request, prev_result
 from cni.result import IPConfig, Result
 from cni.verbs import load_conf, require_standalone
@@ -32,8 +33,8 @@ def run(request: Request) -> None:
 
     with open_pod_netns(request.netns) as netns, pod_socket(netns) as pod:
         check_pod(pod, request, expected.mac, expected_ips, prev)
-    with IPRoute() as host:
-        check_host(host, attachment, ips, conf.bpf_dir)
+    with IPRoute() as node:
+        check_node(node, attachment, ips, conf.bpf_dir)
     if conf.ip_masq:
         missing = [ip for ip in ips if not masq.contains(conf.network, ip)]
         table = masq.table_name(conf.network)
@@ -67,7 +68,7 @@ def check_pod(pod: IPRoute, request: Request, mac: str, ips: list[IPConfig], pre
         _require(ip.address in present, f"address {ip.address} is missing on {where}")
     neighbors = addr.permanent_neighbors(pod, found.index)
     _require(
-        neighbors.get(wiring.GATEWAY) == link.HOST_MAC,
+        neighbors.get(wiring.GATEWAY) == link.NODE_VETH_MAC,
         f"gateway {wiring.GATEWAY} has no permanent neighbour entry on {where}",
     )
     kernel = {(r.dst, r.gw) for r in route.routes(pod, found.index)}
@@ -76,20 +77,20 @@ def check_pod(pod: IPRoute, request: Request, mac: str, ips: list[IPConfig], pre
             _require((r.dst, r.gw) in kernel, f"route {r.dst} via {r.gw} is missing on {where}")
 
 
-def check_host(host: IPRoute, attachment: wiring.Attachment, ips: list[str], bpf_dir: str) -> None:
-    veth = link.get_link(host, attachment.host_name)
-    _require(veth is not None, f'node-side veth "{attachment.host_name}" is missing')
+def check_node(node: IPRoute, attachment: wiring.Attachment, ips: list[str], bpf_dir: str) -> None:
+    veth = link.get_link(node, attachment.node_veth)
+    _require(veth is not None, f'node-side veth "{attachment.node_veth}" is missing')
     assert veth is not None
     _require(
         veth.alias == attachment.alias,
         f'node-side veth "{veth.name}" is labelled {veth.alias!r}, not {attachment.alias!r}',
     )
     _require(veth.up, f'node-side veth "{veth.name}" is down')
-    routed = set(wiring.host_routed_ips(host, veth))
+    routed = set(wiring.node_routed_ips(node, veth))
     for ip in ips:
         _require(ip in routed, f'the node has no route to {ip} via "{veth.name}"')
     if ips:
-        endpoint.check(host, veth.index, veth.name, ips[0], bpf_dir)
+        endpoint.check(node, veth.index, veth.name, ips[0], bpf_dir)
 
 
 def _require(ok: bool, details: str) -> None:

@@ -9,8 +9,9 @@ address is never free while a route to it still exists.
 
 from __future__ import annotations
 
-from cni import ipam_client, masq, wiring
-from cni.netlink import IPRoute
+from cni import ipam_client, wiring
+from cni.net import masq
+from cni.net.netlink import IPRoute
 from cni.protocol import Request, prev_result
 from cni.verbs import load_conf
 
@@ -19,13 +20,13 @@ def run(request: Request) -> None:
     conf = load_conf(request)
     attachment = wiring.Attachment.of(request)
     ipam = ipam_client.for_request(request)
-    with IPRoute() as host:
-        ips = set(wiring.unwire(host, attachment, conf.bpf_dir)) | set(ipam.addresses())
+    with IPRoute() as node:
+        ips = set(wiring.unwire(node, attachment, conf.bpf_dir)) | set(ipam.addresses())
         # prevResult may be stale (a late DEL): skip an address another pod now has.
         ips.update(
             ip
             for ip in prev_ips(request)
-            if ip not in ips and wiring.pod_routed_to(host, ip) is None
+            if ip not in ips and wiring.pod_routed_to(node, ip) is None
         )
     if conf.ip_masq and ips:
         masq.remove(conf.network, sorted(ips))

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import logging
 
-from cni import ipam_client, link, masq, wiring
+from cni import ipam_client, wiring
 from cni.datapath import endpoint
 from cni.errors import CNIError
+from cni.net import link, masq
+from cni.net.netlink import IPRoute
 from cni.netconf import NetConf
-from cni.netlink import IPRoute
 from cni.protocol import Request, valid_attachments
 from cni.verbs import load_conf
 
@@ -27,14 +28,14 @@ def run(request: Request) -> None:
     conf = load_conf(request)
     errors: list[CNIError] = []
     remaining_ips: list[str] = []
-    with IPRoute() as host:
-        for veth, container_id, ifname in link.attachment_links(host, conf.network):
+    with IPRoute() as node:
+        for veth, container_id, ifname in link.attachment_links(node, conf.network):
             if (container_id, ifname) in valid:
-                remaining_ips += wiring.host_routed_ips(host, veth)
+                remaining_ips += wiring.node_routed_ips(node, veth)
                 continue
             try:
                 endpoint.detach(veth.index, conf.bpf_dir)
-                link.delete_link(host, veth.name)
+                link.delete_link(node, veth.name)
                 log.info("gc: removed veth %s of %s/%s", veth.name, container_id, ifname)
             except CNIError as err:
                 errors.append(err)

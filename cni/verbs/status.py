@@ -6,8 +6,9 @@ asks every few seconds.
 
 from __future__ import annotations
 
-from cni import ipam_client, masq
+from cni import ipam_client
 from cni.errors import ERR_NOT_AVAILABLE, CNIError
+from cni.net import masq
 from cni.protocol import Request
 from cni.verbs import AGENT_REQUIRED, load_conf
 

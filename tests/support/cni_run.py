@@ -12,7 +12,7 @@ from typing import Any
 
 from pyroute2 import IPRoute
 
-from cni import link, masq
+from cni.net import link, masq
 
 PLUGIN_TIMEOUT = 60
 SLUICECTL = Path(__file__).resolve().parent.parent.parent / ".venv" / "bin" / "sluicectl"

@@ -14,7 +14,7 @@ from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
 from cni.errors import ERR_KERNEL, CNIError
-from cni.netns import Netns
+from cni.net.netns import Netns
 
 __all__ = ["IPRoute", "NetlinkError", "is_missing", "kernel_op", "pod_socket"]
 

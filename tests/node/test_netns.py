@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from cni import link
-from cni.netlink import pod_socket
-from cni.netns import Netns, NetnsGone, NotANetns
+from cni.net import link
+from cni.net.netlink import pod_socket
+from cni.net.netns import Netns, NetnsGone, NotANetns
 from tests.support.cni_run import PodNamespaces, in_netns
 
 

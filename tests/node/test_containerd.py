@@ -35,7 +35,7 @@ from tests.support.containerd import (
 )
 from tests.support.oci_image import build_busybox_image
 
-VENV_BIN = Path(__file__).resolve().parent.parent / ".venv" / "bin"
+VENV_BIN = Path(__file__).resolve().parents[2] / ".venv" / "bin"
 IMAGE_REF = "localhost/sluice-test/busybox:1"
 DEBIAN_CNI = Path("/usr/lib/cni")
 # Prints the address the CNI plugin gave eth0, then idles as PID 1.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
-from cni.netlink import IPRoute, kernel_op
+from cni.net.netlink import IPRoute, kernel_op
 from cni.result import Route
 
 SCOPE_LINK = 253
@@ -40,7 +40,7 @@ def add_route(ipr: IPRoute, index: int, ifname: str, route: Route) -> None:
         ipr.route("add", **kwargs)
 
 
-def add_host_route(ipr: IPRoute, index: int, ifname: str, ip: str) -> None:
+def add_route_to_pod(ipr: IPRoute, index: int, ifname: str, ip: str) -> None:
     """The node's route to one pod address through the pod's veth."""
     add_route(ipr, index, ifname, Route(dst=f"{ip}/32", scope=SCOPE_LINK))
 

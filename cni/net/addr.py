@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from cni.netlink import IPRoute, kernel_op
+from cni.net.netlink import IPRoute, kernel_op
 
 # IFA_F_NOPREFIXROUTE: keep the address's prefix length without the kernel's
 # on-link route for the whole subnet, since every pod reaches every other

@@ -179,7 +179,7 @@ def node_cidr_plugin(tmp_path: Path) -> dict[str, Any]:
 def start_worker(
     plugin: dict[str, Any], name: str, rounds: int, keep: bool
 ) -> subprocess.Popen[str]:
-    script = WORKER.format(root=str(Path(__file__).resolve().parent.parent))
+    script = WORKER.format(root=str(Path(__file__).resolve().parents[2]))
     return subprocess.Popen(
         [
             sys.executable,

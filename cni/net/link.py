@@ -11,19 +11,19 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
-from cni.netlink import IPRoute, NetlinkError, is_missing, kernel_op
+from cni.net.netlink import IPRoute, NetlinkError, is_missing, kernel_op
 
-HOST_PREFIX = "sl"
+NODE_VETH_PREFIX = "sl"
 # Every node-side veth carries the same MAC, so a pod's static neighbour entry
 # for its gateway never depends on which veth it got.
-HOST_MAC = "ee:ee:ee:ee:ee:ee"
+NODE_VETH_MAC = "ee:ee:ee:ee:ee:ee"
 ALIAS_PREFIX = "sluice/"
 IFF_UP = 0x1
 
 
-def host_veth_name(container_id: str, ifname: str) -> str:
+def node_veth_name(container_id: str, ifname: str) -> str:
     digest = hashlib.sha256(f"{container_id}/{ifname}".encode()).hexdigest()
-    return HOST_PREFIX + digest[:12]
+    return NODE_VETH_PREFIX + digest[:12]
 
 
 def attachment_alias(network: str, container_id: str, ifname: str) -> str:
@@ -85,8 +85,8 @@ def attachment_links(ipr: IPRoute, network: str) -> list[tuple[Link, str, str]]:
 
 
 def create_veth(
-    host: IPRoute,
-    host_name: str,
+    node: IPRoute,
+    node_veth: str,
     alias: str,
     pod_ifname: str,
     pod_ns_fd: int,
@@ -97,11 +97,11 @@ def create_veth(
     peer: dict[str, object] = {"ifname": pod_ifname, "net_ns_fd": pod_ns_fd, "mtu": mtu}
     if pod_mac:
         peer["address"] = pod_mac
-    with kernel_op(f'create veth "{host_name}" with peer "{pod_ifname}"'):
-        host.link("add", ifname=host_name, kind="veth", address=HOST_MAC, mtu=mtu, peer=peer)
+    with kernel_op(f'create veth "{node_veth}" with peer "{pod_ifname}"'):
+        node.link("add", ifname=node_veth, kind="veth", address=NODE_VETH_MAC, mtu=mtu, peer=peer)
     # The kernel ignores IFLA_IFALIAS in RTM_NEWLINK; it must be set afterwards.
-    with kernel_op(f'label veth "{host_name}"'):
-        host.link("set", ifname=host_name, ifalias=alias)
+    with kernel_op(f'label veth "{node_veth}"'):
+        node.link("set", ifname=node_veth, ifalias=alias)
 
 
 def delete_link(ipr: IPRoute, name: str) -> bool:

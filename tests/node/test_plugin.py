@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from cni.datapath.maps import Datapath
-from cni.link import HOST_MAC
+from cni.net.link import NODE_VETH_MAC
 from cni.versions import SUPPORTED
 from tests.support.cni_run import TEST_BPF_DIR, Network, PodNamespaces, in_netns, node_veth, ping
 from tests.support.probes import node_address, udp_source_seen
@@ -66,7 +66,7 @@ def test_add_result_in_each_spec_version(
         assert result["ip4"]["routes"] == [{"dst": "0.0.0.0/0", "gw": GATEWAY}]
     else:
         host, pod = result["interfaces"]
-        assert host["name"].startswith("sl") and host["mac"] == HOST_MAC
+        assert host["name"].startswith("sl") and host["mac"] == NODE_VETH_MAC
         assert "sandbox" not in host
         assert pod["name"] == "eth0" and pod["sandbox"] == netns
         assert pod["mac"] == link_json(netns, "eth0")["address"]
@@ -88,8 +88,8 @@ def test_add_wires_the_pod(network: Network, pods: PodNamespaces) -> None:
     result = network.add(netns, "c1", config=network.config(mtu=1400))
     address = pod_ip(result)
     pod = link_json(netns, "eth0")
-    host_name = result["interfaces"][0]["name"]
-    host = link_json(None, host_name)
+    node_veth = result["interfaces"][0]["name"]
+    host = link_json(None, node_veth)
     assert pod["mtu"] == host["mtu"] == 1400
     assert result["interfaces"][1]["mtu"] == 1400
     assert pod["linkinfo"]["info_kind"] == "veth" and "UP" in pod["flags"]
@@ -98,11 +98,11 @@ def test_add_wires_the_pod(network: Network, pods: PodNamespaces) -> None:
     assert f"default via {GATEWAY} dev eth0" in routes
     assert f"{network.subnet} " not in routes  # no on-link subnet route
     neigh = in_netns(netns, "ip", "neigh", "show", GATEWAY).stdout
-    assert HOST_MAC in neigh and "PERMANENT" in neigh
+    assert NODE_VETH_MAC in neigh and "PERMANENT" in neigh
     host_routes = subprocess.run(
         ["ip", "route", "show", f"{address}/32"], capture_output=True, text=True, check=True
     ).stdout
-    assert f"dev {host_name}" in host_routes
+    assert f"dev {node_veth}" in host_routes
     assert network.allocations() == {("c1", "eth0"): address}
     assert network.masqueraded() == {address}
     network.delete(netns, "c1").ok()

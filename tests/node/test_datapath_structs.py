@@ -9,7 +9,7 @@ from pathlib import Path
 
 from cni.datapath import structs
 
-HEADER = Path(__file__).resolve().parent.parent / "bpf" / "sluice.h"
+HEADER = Path(__file__).resolve().parents[2] / "bpf" / "sluice.h"
 
 
 def c_layout(tmp_path: Path) -> dict[str, tuple[int, dict[str, int]]]:

@@ -26,11 +26,14 @@ from tests.support.cni_run import (
     sluice_networks,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = ROOT / ".venv" / "bin"
 REFERENCE_PLUGINS = Path("/usr/lib/cni")
-TEST_NETNS_PREFIX = "slt-"
-TEST_NETWORK_PREFIX = "slt"
+# Names carry a per-session tag, so that two test sessions on one machine never
+# take each other's namespaces or networks for leftovers.
+SESSION_TAG = f"{os.getpid() % 4096:03x}"
+TEST_NETNS_PREFIX = f"slt-{SESSION_TAG}-"
+TEST_NETWORK_PREFIX = f"slt{SESSION_TAG}"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -57,7 +60,7 @@ def bin_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def network(tmp_path: Path, bin_dir: Path) -> Iterator[Network]:
     """A fresh sluice network with its own name, subnet and state directory."""
     net = Network(
-        name=f"{TEST_NETWORK_PREFIX}{uuid.uuid4().hex[:8]}",
+        name=f"{TEST_NETWORK_PREFIX}{uuid.uuid4().hex[:7]}",
         subnet=f"10.{random.randint(200, 239)}.{random.randint(0, 255)}.0/24",
         state_dir=tmp_path / "state",
         bin_dir=bin_dir,

@@ -22,7 +22,7 @@ import pytest
 from tests.support.cni_run import Network, PodNamespaces, in_netns, ping
 from tests.support.probes import node_address
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CNI_CACHE = Path("/var/lib/cni/results")
 
 
