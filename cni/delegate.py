@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 from cni.errors import ERR_DELEGATE, ERR_INVALID_ENV, CNIError
+from cni.invoke import Invocation, invoke
 from cni.protocol import Request
 from cni.result import Result
 
@@ -28,30 +28,26 @@ def find_plugin(plugin_type: str, path: list[str]) -> str:
     raise CNIError(ERR_DELEGATE, f'failed to find plugin "{plugin_type}" in CNI_PATH {path}')
 
 
-def run(request: Request, plugin_type: str, command: str) -> bytes:
+def run(request: Request, plugin_type: str, command: str) -> str:
     """Run the delegate for ``command``; return its stdout or raise its error."""
     binary = find_plugin(plugin_type, request.plugin_path)
     env = dict(request.env)
     env["CNI_COMMAND"] = command
     try:
-        proc = subprocess.run(
-            [binary], input=request.raw_config, env=env, capture_output=True, check=False
-        )
+        proc = invoke(binary, env, request.raw_config)
     except OSError as err:
         raise CNIError(ERR_DELEGATE, f'failed to run "{binary}": {err}') from None
     if proc.stderr:
-        sys.stderr.buffer.write(proc.stderr)
-    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr)
+    if proc.rc != 0:
         raise _delegate_error(plugin_type, command, proc)
     return proc.stdout
 
 
-def _delegate_error(
-    plugin_type: str, command: str, proc: subprocess.CompletedProcess[bytes]
-) -> CNIError:
+def _delegate_error(plugin_type: str, command: str, proc: Invocation) -> CNIError:
     """Pass the delegate's own CNI error on; wrap anything else."""
     try:
-        error = json.loads(proc.stdout)
+        error = proc.out
         code = int(error["code"])
         return CNIError(
             code,
@@ -59,11 +55,10 @@ def _delegate_error(
             msg=error.get("msg"),
         )
     except (ValueError, KeyError, TypeError):
-        text = (proc.stdout or proc.stderr).decode(errors="replace").strip()
+        text = (proc.stdout or proc.stderr).strip()
         return CNIError(
             ERR_DELEGATE,
-            f"{plugin_type} {command} failed with exit status "
-            f"{proc.returncode}: {text or 'no output'}",
+            f"{plugin_type} {command} failed with exit status {proc.rc}: {text or 'no output'}",
         )
 
 

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from cni.errors import CNIError
+from cni.invoke import Invocation
 from cni.protocol import parse_cni_args
 from cni.versions import SUPPORTED
-from tests.support.cni_run import Network, PluginRun, PodNamespaces, exec_plugin
+from tests.support.cni_run import Network, PodNamespaces, exec_plugin
 
 
 def test_version_answers_with_standard_library_only(bin_dir: Path) -> None:
@@ -60,7 +61,7 @@ def test_version_imports_nothing_heavy(bin_dir: Path) -> None:
     assert "HEAVY []" in run.stdout, run.stdout + run.stderr
 
 
-def error_of(run_result: PluginRun) -> tuple[int, str]:
+def error_of(run_result: Invocation) -> tuple[int, str]:
     out = run_result.out
     assert run_result.rc != 0
     assert set(out) == {"cniVersion", "code", "msg", "details"}, out

@@ -12,6 +12,7 @@ from typing import Any
 
 from pyroute2 import IPRoute
 
+from cni.invoke import Invocation, cni_env, invoke
 from cni.net import link, masq
 
 PLUGIN_TIMEOUT = 60
@@ -28,24 +29,6 @@ def sluicectl(*args: object) -> subprocess.CompletedProcess[str]:
     )
 
 
-@dataclass
-class PluginRun:
-    """One plugin execution: exit code, stdout parsed as JSON (or None) and stderr."""
-
-    rc: int
-    out: Any
-    stdout: str
-    stderr: str
-
-    @property
-    def error_code(self) -> int | None:
-        return self.out.get("code") if isinstance(self.out, dict) else None
-
-    def ok(self) -> PluginRun:
-        assert self.rc == 0, f"plugin failed (exit {self.rc}): {self.stdout} {self.stderr}"
-        return self
-
-
 def exec_plugin(
     binary: Path | str,
     command: str,
@@ -57,32 +40,17 @@ def exec_plugin(
     cni_args: str = "",
     cni_path: str = "",
     extra_env: dict[str, str] | None = None,
-) -> PluginRun:
-    env = {
-        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
-        "CNI_COMMAND": command,
-        "CNI_CONTAINERID": container_id,
-        "CNI_NETNS": netns,
-        "CNI_IFNAME": ifname,
-        "CNI_ARGS": cni_args,
-        "CNI_PATH": cni_path,
-    }
-    env.update(extra_env or {})
-    stdin = config if isinstance(config, bytes) else json.dumps(config).encode()
-    proc = subprocess.run(
-        [str(binary)],
-        input=stdin,
-        env=env,
-        capture_output=True,
-        timeout=PLUGIN_TIMEOUT,
-        check=False,
+) -> Invocation:
+    env = cni_env(
+        command,
+        container_id=container_id,
+        netns=netns,
+        ifname=ifname,
+        cni_args=cni_args,
+        cni_path=cni_path,
     )
-    stdout = proc.stdout.decode()
-    try:
-        out = json.loads(stdout) if stdout.strip() else None
-    except json.JSONDecodeError:
-        out = None
-    return PluginRun(proc.returncode, out, stdout, proc.stderr.decode())
+    env.update(extra_env or {})
+    return invoke(str(binary), env, config, timeout=PLUGIN_TIMEOUT)
 
 
 @dataclass
@@ -116,7 +84,7 @@ class Network:
         config: dict[str, Any] | bytes | None = None,
         plugin: str = "sluice",
         **kwargs: Any,
-    ) -> PluginRun:
+    ) -> Invocation:
         kwargs.setdefault("cni_path", str(self.bin_dir))
         return exec_plugin(
             self.bin_dir / plugin, command, self.config() if config is None else config, **kwargs
@@ -143,7 +111,7 @@ class Network:
         ifname: str = "eth0",
         config: dict[str, Any] | None = None,
         **kwargs: Any,
-    ) -> PluginRun:
+    ) -> Invocation:
         return self.run(
             "DEL", config, container_id=container_id, netns=netns, ifname=ifname, **kwargs
         )
@@ -155,7 +123,7 @@ class Network:
         result: dict[str, Any],
         ifname: str = "eth0",
         **kwargs: Any,
-    ) -> PluginRun:
+    ) -> Invocation:
         config = self.config(result["cniVersion"], prevResult=result)
         return self.run(
             "CHECK", config, container_id=container_id, netns=netns, ifname=ifname, **kwargs
