@@ -25,16 +25,9 @@ import tempfile
 import time
 
 from ipam import config as ipam_config
-from ipam.allocator import open_allocator
+from ipam.clock import SimulatedClock
+from ipam.modes import open_allocator
 from ipam.prefix import PrefixAllocator
-
-
-class SimulatedClock:
-    def __init__(self) -> None:
-        self.now = time.time()
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def main() -> None:
@@ -81,7 +74,7 @@ def churn(args: argparse.Namespace, seed: int) -> tuple[float, list[float], int]
     rng = random.Random(seed)
     clock = SimulatedClock()
     work = tempfile.mkdtemp(prefix="sluice-churn-")
-    config = ipam_config.parse(
+    config = ipam_config.from_plugin(
         "churn",
         {
             "stateDir": work,
@@ -105,7 +98,7 @@ def churn(args: argparse.Namespace, seed: int) -> tuple[float, list[float], int]
     packings: list[float] = []
     most_held = 0
     for step in range(args.steps):
-        clock.now += rng.expovariate(1 / args.interval)
+        clock.advance(rng.expovariate(1 / args.interval))
         grow = len(pods) < args.low or (len(pods) < args.high and rng.random() < 0.5)
         if grow:
             pod = f"pod-{step}"

@@ -1,7 +1,7 @@
-"""Running a delegated plugin (an IPAM other than sluice-ipam) through CNI_PATH.
+"""Running a delegated IPAM plugin (any IPAM but sluice-ipam) through CNI_PATH.
 
-The delegate gets the caller's environment with only CNI_COMMAND changed and
-the caller's stdin unchanged, as the spec requires; its stderr goes to ours.
+The delegate gets the runtime's environment with only CNI_COMMAND changed and
+the runtime's stdin unchanged, as the spec requires; its stderr goes to ours.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import sys
 
 from cni.errors import ERR_DELEGATE, ERR_INVALID_ENV, CNIError
 from cni.invoke import Invocation, invoke
-from cni.protocol import Request
+from cni.netconf import DelegatedIPAM
 from cni.result import Result
 
 
-def find_plugin(plugin_type: str, path: list[str]) -> str:
+def find_plugin(plugin_type: str, path: tuple[str, ...]) -> str:
     if not path:
         raise CNIError(
             ERR_INVALID_ENV, f'CNI_PATH is empty: cannot find delegated plugin "{plugin_type}"'
@@ -25,22 +25,21 @@ def find_plugin(plugin_type: str, path: list[str]) -> str:
         candidate = os.path.join(directory, plugin_type)
         if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
             return candidate
-    raise CNIError(ERR_DELEGATE, f'failed to find plugin "{plugin_type}" in CNI_PATH {path}')
+    raise CNIError(ERR_DELEGATE, f'failed to find plugin "{plugin_type}" in CNI_PATH {list(path)}')
 
 
-def run(request: Request, plugin_type: str, command: str) -> str:
+def run(ipam: DelegatedIPAM, command: str) -> str:
     """Run the delegate for ``command``; return its stdout or raise its error."""
-    binary = find_plugin(plugin_type, request.plugin_path)
-    env = dict(request.env)
-    env["CNI_COMMAND"] = command
+    binary = find_plugin(ipam.plugin_type, ipam.cni_path)
+    env = {**ipam.env, "CNI_COMMAND": command}
     try:
-        proc = invoke(binary, env, request.raw_config)
+        proc = invoke(binary, env, ipam.stdin)
     except OSError as err:
         raise CNIError(ERR_DELEGATE, f'failed to run "{binary}": {err}') from None
     if proc.stderr:
         sys.stderr.write(proc.stderr)
     if proc.rc != 0:
-        raise _delegate_error(plugin_type, command, proc)
+        raise _delegate_error(ipam.plugin_type, command, proc)
     return proc.stdout
 
 
@@ -62,10 +61,12 @@ def _delegate_error(plugin_type: str, command: str, proc: Invocation) -> CNIErro
         )
 
 
-def add(request: Request, plugin_type: str) -> Result:
-    out = run(request, plugin_type, "ADD")
+def add(ipam: DelegatedIPAM, cni_version: str) -> Result:
+    out = run(ipam, "ADD")
     try:
         data = json.loads(out)
     except json.JSONDecodeError as err:
-        raise CNIError(ERR_DELEGATE, f"{plugin_type} ADD printed no JSON result: {err}") from None
-    return Result.from_json(data, request.cni_version, where=f"{plugin_type} result")
+        raise CNIError(
+            ERR_DELEGATE, f"{ipam.plugin_type} ADD printed no JSON result: {err}"
+        ) from None
+    return Result.from_json(data, cni_version, where=f"{ipam.plugin_type} result")

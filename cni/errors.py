@@ -1,7 +1,8 @@
 """CNI error codes and the exception that carries them to the caller.
 
-Libraries raise :class:`CNIError`; only the entry points turn it into the
-error JSON on stdout (spec section "Error").
+Libraries raise :class:`CNIError` (the IPAM package raises its own errors,
+mapped by :func:`from_ipam`); only the entry points turn it into the error
+JSON on stdout (spec section "Error").
 """
 
 from __future__ import annotations
@@ -67,3 +68,16 @@ class CNIError(Exception):
 
     def __str__(self) -> str:
         return f"{self.msg}: {self.details}" if self.details else self.msg
+
+
+def from_ipam(err: Exception) -> CNIError:
+    """The CNI error for an IPAM failure (``ipam.errors``)."""
+    from ipam import errors
+
+    code = {
+        errors.InvalidConfig: ERR_INVALID_CONFIG,
+        errors.Unsupported: ERR_UNSUPPORTED_FIELD,
+        errors.NoAddress: ERR_NO_ADDRESS,
+        errors.StoreError: ERR_STORE,
+    }.get(type(err), ERR_INTERNAL)
+    return CNIError(code, str(err))

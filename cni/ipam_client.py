@@ -1,102 +1,121 @@
-"""The pod's IPAM: sluice-ipam in-process, or any other IPAM plugin by exec.
-
-Both sides offer the same verbs, so the plugin's verbs never care which one a
-network uses.
+"""The attachment's IPAM as the CNI verbs see it: sluice-ipam in-process, or
+any other IPAM plugin by exec. Both offer the same operations, so the verbs
+never care which one a network uses; IPAM failures become CNI errors here.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Protocol
 
 from cni import delegate
-from cni.errors import ERR_CHECK_FAILED, ERR_NOT_AVAILABLE, CNIError
-from cni.protocol import Request
+from cni.attachment import Attachment
+from cni.errors import ERR_CHECK_FAILED, ERR_NOT_AVAILABLE, CNIError, from_ipam
+from cni.netconf import DelegatedIPAM, IPAMConf
 from cni.result import IPConfig, Result, Route
-from ipam import config as ipam_config
-from ipam.allocator import Allocator, open_allocator
-
-BUILTIN = "sluice-ipam"
+from ipam.allocator import Allocator
+from ipam.config import NodeCIDRConfig, PrefixConfig
+from ipam.errors import IPAMError
+from ipam.modes import open_allocator
 
 
 class IPAM(Protocol):
-    def add(self) -> tuple[Result, bool]:
+    def __enter__(self) -> IPAM: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+    def add(self, attachment: Attachment) -> tuple[Result, bool]:
         """Addresses for the attachment, and whether this call created them."""
         ...
 
-    def delete(self) -> None: ...
+    def delete(self, attachment: Attachment) -> None: ...
 
-    def addresses(self) -> list[str]:
+    def addresses(self, attachment: Attachment) -> list[str]:
         """The attachment's addresses as far as the IPAM knows them without asking a delegate."""
         ...
 
-    def check(self, expected: list[IPConfig]) -> None: ...
+    def check(self, attachment: Attachment, expected: list[IPConfig]) -> None: ...
 
     def status(self) -> None: ...
 
     def gc(self, valid: set[tuple[str, str]]) -> None: ...
 
 
-def for_request(request: Request) -> IPAM:
-    ipam_type = request.config["ipam"]["type"]
-    if ipam_type == BUILTIN:
-        return BuiltinIPAM(request)
-    return DelegatedIPAM(request, ipam_type)
+def client(conf: IPAMConf, cni_version: str) -> IPAM:
+    """The network's IPAM; use it in a ``with`` block (the store stays open in it)."""
+    if isinstance(conf, DelegatedIPAM):
+        return DelegatedClient(conf, cni_version)
+    return BuiltinClient(conf, cni_version)
 
 
-class BuiltinIPAM:
-    def __init__(self, request: Request) -> None:
-        self.request = request
-        self.config = ipam_config.parse(request.network, request.config)
+@contextmanager
+def cni_errors() -> Iterator[None]:
+    try:
+        yield
+    except IPAMError as err:
+        raise from_ipam(err) from None
 
-    def _open(self) -> Allocator:
-        return open_allocator(self.config)
 
-    def add(self) -> tuple[Result, bool]:
-        r = self.request
-        with self._open() as allocator:
+class BuiltinClient:
+    def __init__(self, config: NodeCIDRConfig | PrefixConfig, cni_version: str) -> None:
+        self.config = config
+        self.cni_version = cni_version
+        self._open: Allocator | None = None
+
+    def __enter__(self) -> BuiltinClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._open is not None:
+            self._open.close()
+            self._open = None
+
+    @contextmanager
+    def _allocator(self) -> Iterator[Allocator]:
+        with cni_errors():
+            if self._open is None:
+                self._open = open_allocator(self.config)
+            yield self._open
+
+    def add(self, attachment: Attachment) -> tuple[Result, bool]:
+        with self._allocator() as allocator:
             allocation, created = allocator.allocate(
-                r.container_id, r.ifname, r.pod_namespace, r.pod_name
+                attachment.container_id,
+                attachment.ifname,
+                attachment.pod_namespace,
+                attachment.pod_name,
             )
         gateway = getattr(self.config, "gateway", None)  # prefix mode has none
-        routes = [
-            Route(dst=str(route.dst), gw=str(route.gw) if route.gw else "")
-            for route in self.config.routes
-        ]
+        routes = [Route(dst=str(r.dst), gw=str(r.gw) if r.gw else "") for r in self.config.routes]
         ip = IPConfig(allocation.cidr, str(gateway) if gateway else "")
-        result = Result(r.cni_version, ips=[ip], routes=routes)
-        return result, created
+        return Result(self.cni_version, ips=[ip], routes=routes), created
 
-    def delete(self) -> None:
-        with self._open() as allocator:
-            allocator.release(self.request.container_id, self.request.ifname)
+    def delete(self, attachment: Attachment) -> None:
+        with self._allocator() as allocator:
+            allocator.release(attachment.container_id, attachment.ifname)
 
-    def addresses(self) -> list[str]:
-        with self._open() as allocator:
-            allocation = allocator.find(self.request.container_id, self.request.ifname)
+    def addresses(self, attachment: Attachment) -> list[str]:
+        with self._allocator() as allocator:
+            allocation = allocator.find(attachment.container_id, attachment.ifname)
         return [str(allocation.ip)] if allocation else []
 
-    def check(self, expected: list[IPConfig]) -> None:
-        r = self.request
-        with self._open() as allocator:
-            allocation = allocator.find(r.container_id, r.ifname)
+    def check(self, attachment: Attachment, expected: list[IPConfig]) -> None:
+        with self._allocator() as allocator:
+            allocation = allocator.find(attachment.container_id, attachment.ifname)
+        whose = f"container {attachment.container_id!r} interface {attachment.ifname!r}"
         if allocation is None:
-            raise CNIError(
-                ERR_CHECK_FAILED,
-                f"sluice-ipam has no address for container "
-                f"{r.container_id!r} interface {r.ifname!r}",
-            )
+            raise CNIError(ERR_CHECK_FAILED, f"sluice-ipam has no address for {whose}")
         ips = {str(ip.ip) for ip in expected if ip.version == 4}
         if ips and str(allocation.ip) not in ips:
             raise CNIError(
                 ERR_CHECK_FAILED,
-                f"sluice-ipam holds {allocation.ip} for container "
-                f"{r.container_id!r} interface {r.ifname!r}, prevResult says "
-                f"{sorted(ips)}",
+                f"sluice-ipam holds {allocation.ip} for {whose}, prevResult says {sorted(ips)}",
             )
 
     def status(self) -> None:
         try:
-            with self._open() as allocator:
+            with self._allocator() as allocator:
                 reason = allocator.unavailable_reason()
         except CNIError as err:
             raise CNIError(ERR_NOT_AVAILABLE, err.details) from None
@@ -104,29 +123,37 @@ class BuiltinIPAM:
             raise CNIError(ERR_NOT_AVAILABLE, reason)
 
     def gc(self, valid: set[tuple[str, str]]) -> None:
-        with self._open() as allocator:
+        with self._allocator() as allocator:
             allocator.gc(valid)
 
 
-class DelegatedIPAM:
-    def __init__(self, request: Request, plugin_type: str) -> None:
-        self.request = request
-        self.plugin_type = plugin_type
+class DelegatedClient:
+    """The delegate sees the runtime's own call: its environment names the attachment."""
 
-    def add(self) -> tuple[Result, bool]:
-        return delegate.add(self.request, self.plugin_type), True
+    def __init__(self, conf: DelegatedIPAM, cni_version: str) -> None:
+        self.conf = conf
+        self.cni_version = cni_version
 
-    def delete(self) -> None:
-        delegate.run(self.request, self.plugin_type, "DEL")
+    def __enter__(self) -> DelegatedClient:
+        return self
 
-    def addresses(self) -> list[str]:
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def add(self, attachment: Attachment) -> tuple[Result, bool]:
+        return delegate.add(self.conf, self.cni_version), True
+
+    def delete(self, attachment: Attachment) -> None:
+        delegate.run(self.conf, "DEL")
+
+    def addresses(self, attachment: Attachment) -> list[str]:
         return []
 
-    def check(self, expected: list[IPConfig]) -> None:
-        delegate.run(self.request, self.plugin_type, "CHECK")
+    def check(self, attachment: Attachment, expected: list[IPConfig]) -> None:
+        delegate.run(self.conf, "CHECK")
 
     def status(self) -> None:
-        delegate.run(self.request, self.plugin_type, "STATUS")
+        delegate.run(self.conf, "STATUS")
 
     def gc(self, valid: set[tuple[str, str]]) -> None:
-        delegate.run(self.request, self.plugin_type, "GC")
+        delegate.run(self.conf, "GC")

@@ -24,23 +24,31 @@ def main() -> int:
 def run(request: Any) -> dict[str, Any] | None:
     """Serve one verb (the module is its own verb table)."""
     from cni import log
-    from cni.ipam_client import BuiltinIPAM
+    from cni.errors import from_ipam
+    from cni.ipam_client import BuiltinClient
     from cni.protocol import prev_result, valid_attachments
+    from ipam import config as ipam_config
+    from ipam.errors import IPAMError
 
-    ipam = BuiltinIPAM(request)
     log.setup(None)
-    if request.command == "ADD":
-        result, _ = ipam.add()
-        return result.to_json(request.cni_version)
-    if request.command == "DEL":
-        ipam.delete()
-    elif request.command == "CHECK":
-        prev = prev_result(request)
-        ipam.check(prev.ips if prev else [])
-    elif request.command == "STATUS":
-        ipam.status()
-    elif request.command == "GC":
-        ipam.gc(valid_attachments(request.config))
+    try:
+        config = ipam_config.from_plugin(request.network, request.config)
+    except IPAMError as err:
+        raise from_ipam(err) from None
+    attachment = request.attachment
+    with BuiltinClient(config, request.cni_version) as ipam:
+        if request.command == "ADD":
+            result, _ = ipam.add(attachment)
+            return result.to_json(request.cni_version)
+        if request.command == "DEL":
+            ipam.delete(attachment)
+        elif request.command == "CHECK":
+            prev = prev_result(request)
+            ipam.check(attachment, prev.ips if prev else [])
+        elif request.command == "STATUS":
+            ipam.status()
+        elif request.command == "GC":
+            ipam.gc(valid_attachments(request.config))
     return None
 
 

@@ -7,12 +7,15 @@ sluice understands but does not support yet with code 2.
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-from cni.errors import ERR_INVALID_CONFIG, ERR_UNSUPPORTED_FIELD, CNIError
+from cni.errors import ERR_INVALID_CONFIG, ERR_UNSUPPORTED_FIELD, CNIError, from_ipam
 from cni.protocol import Request
 from cni.result import DNS
+from ipam import config as ipam_config
+from ipam.errors import IPAMError
 
 DEFAULT_STATE_DIR = "/var/lib/sluice"
 DEFAULT_BPF_DIR = "/sys/fs/bpf/sluice"
@@ -22,76 +25,93 @@ BUILTIN_IPAM = "sluice-ipam"
 
 
 @dataclass(frozen=True)
+class DelegatedIPAM:
+    """An IPAM plugin other than sluice-ipam, run through CNI_PATH with the
+    runtime's own environment and stdin (as the spec requires)."""
+
+    plugin_type: str
+    stdin: bytes = field(repr=False)
+    cni_path: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict, repr=False)
+
+
+IPAMConf = ipam_config.NodeCIDRConfig | ipam_config.PrefixConfig | DelegatedIPAM
+
+
+@dataclass(frozen=True)
 class NetConf:
     network: str
+    cni_version: str
     mtu: int | None  # None: the MTU of the node's default-route interface
     ip_masq: bool
+    # The cluster's pod range for ipMasq. None with a delegated IPAM and no
+    # "clusterCIDR": the network of the first address the delegate hands out.
     cluster_cidr: ipaddress.IPv4Network | None
     policy: str
     state_dir: str
     bpf_dir: str
     agent_socket: str
-    ipam: dict[str, Any]
+    ipam: IPAMConf
     dns: DNS
     log_file: str | None
 
     @property
     def ipam_type(self) -> str:
-        return str(self.ipam["type"])
-
-    @property
-    def builtin_ipam(self) -> bool:
-        return self.ipam_type == BUILTIN_IPAM
+        return self.ipam.plugin_type if isinstance(self.ipam, DelegatedIPAM) else BUILTIN_IPAM
 
 
-def load(request: Request) -> NetConf:
-    return parse(request.config)
-
-
-def parse(config: dict[str, Any]) -> NetConf:
+def parse(
+    config: dict[str, Any],
+    *,
+    stdin: bytes = b"",
+    cni_path: tuple[str, ...] = (),
+    env: Mapping[str, str] | None = None,
+) -> NetConf:
+    """The plugin configuration as sluice uses it. ``stdin``, ``cni_path`` and
+    ``env`` are what a delegated IPAM plugin is run with."""
     ipam = config.get("ipam")
     if not isinstance(ipam, dict) or not ipam.get("type"):
         raise CNIError(
             ERR_INVALID_CONFIG, f'the "ipam" object with a "type" is required, got {ipam!r}'
         )
-    if not isinstance(ipam["type"], str) or "/" in ipam["type"] or "\\" in ipam["type"]:
-        raise CNIError(ERR_INVALID_CONFIG, f'invalid "ipam.type" {ipam["type"]!r}')
+    ipam_type = ipam["type"]
+    if not isinstance(ipam_type, str) or "/" in ipam_type or "\\" in ipam_type:
+        raise CNIError(ERR_INVALID_CONFIG, f'invalid "ipam.type" {ipam_type!r}')
 
     policy = config.get("policy", "enforce")
     if policy not in POLICY_MODES:
         raise CNIError(
             ERR_INVALID_CONFIG, f'invalid "policy" {policy!r}: expected one of {list(POLICY_MODES)}'
         )
+    state_dir = _path(config.get("stateDir", DEFAULT_STATE_DIR), "stateDir")
+    parsed_ipam: IPAMConf
+    if ipam_type == BUILTIN_IPAM:
+        try:
+            parsed_ipam = ipam_config.parse(config["name"], ipam, state_dir)
+        except IPAMError as err:
+            raise from_ipam(err) from None
+    else:
+        parsed_ipam = DelegatedIPAM(ipam_type, stdin, cni_path, dict(env or {}))
 
     cluster = config.get("clusterCIDR")
-    cluster_cidr = _ipv4_network(cluster, "clusterCIDR") if cluster else _ipam_cidr(ipam)
+    cluster_cidr = _ipv4_network(cluster, "clusterCIDR") if cluster else None
+    if cluster_cidr is None and not isinstance(parsed_ipam, DelegatedIPAM):
+        cluster_cidr = parsed_ipam.address_range
 
     return NetConf(
         network=config["name"],
+        cni_version=str(config.get("cniVersion") or "0.1.0"),
         mtu=_mtu(config.get("mtu")),
         ip_masq=_bool(config.get("ipMasq", True), "ipMasq"),
         cluster_cidr=cluster_cidr,
         policy=policy,
-        state_dir=_path(config.get("stateDir", DEFAULT_STATE_DIR), "stateDir"),
+        state_dir=state_dir,
         bpf_dir=_path(config.get("bpfDir", DEFAULT_BPF_DIR), "bpfDir"),
         agent_socket=_path(config.get("agentSocket", DEFAULT_AGENT_SOCKET), "agentSocket"),
-        ipam=ipam,
+        ipam=parsed_ipam,
         dns=DNS.from_json(config.get("dns"), "config"),
         log_file=_path(config["logFile"], "logFile") if config.get("logFile") else None,
     )
-
-
-def _ipam_cidr(ipam: dict[str, Any]) -> ipaddress.IPv4Network | None:
-    """The range the IPAM hands out from, the default cluster range for ipMasq."""
-    candidate = ipam.get("subnet") or ipam.get("pool")
-    ranges = ipam.get("ranges")
-    if not candidate and isinstance(ranges, list) and ranges and isinstance(ranges[0], list):
-        first = ranges[0][0] if ranges[0] else None
-        candidate = first.get("subnet") if isinstance(first, dict) else None
-    if not candidate:
-        return None
-    key = "ipam.subnet" if ipam.get("subnet") else "ipam.pool"
-    return _ipv4_network(candidate, key)
 
 
 def _ipv4_network(value: Any, key: str) -> ipaddress.IPv4Network:
@@ -122,3 +142,9 @@ def _path(value: Any, key: str) -> str:
     if not isinstance(value, str) or not value.startswith("/"):
         raise CNIError(ERR_INVALID_CONFIG, f'invalid "{key}" {value!r}: must be an absolute path')
     return value
+
+
+def from_request(request: Request) -> NetConf:
+    return parse(
+        request.config, stdin=request.raw_config, cni_path=request.plugin_path, env=request.env
+    )

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cni import versions
+from cni.attachment import Attachment
 from cni.errors import (
     ERR_DECODE,
     ERR_INVALID_CONFIG,
@@ -36,6 +37,8 @@ REQUIRED_ENV = {
 # Same rules as libcni (pkg/utils): container ids and network names.
 NAME_PATTERN = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$")
 IFNAME_MAX = 15
+
+MAC_PATTERN = re.compile(r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$")
 
 # CNI_ARGS keys sluice knows. Kubernetes runtimes send the K8S_POD_* keys with
 # IgnoreUnknown=1; the pod keys are accepted even without it.
@@ -63,16 +66,19 @@ class Request:
     args: dict[str, str] = field(default_factory=dict)
 
     @property
-    def plugin_path(self) -> list[str]:
-        return [p for p in self.env.get("CNI_PATH", "").split(":") if p]
+    def plugin_path(self) -> tuple[str, ...]:
+        return tuple(p for p in self.env.get("CNI_PATH", "").split(":") if p)
 
     @property
-    def pod_namespace(self) -> str:
-        return self.args.get("K8S_POD_NAMESPACE", "")
-
-    @property
-    def pod_name(self) -> str:
-        return self.args.get("K8S_POD_NAME", "")
+    def attachment(self) -> Attachment:
+        return Attachment(
+            self.network,
+            self.container_id,
+            self.ifname,
+            self.netns,
+            self.args.get("K8S_POD_NAMESPACE", ""),
+            self.args.get("K8S_POD_NAME", ""),
+        )
 
     def runtime_config(self, key: str) -> Any:
         """A capability argument, matched case-insensitively.
@@ -253,3 +259,13 @@ def prev_result(request: Request) -> Result | None:
     if raw is None:
         return None
     return Result.from_json(raw, request.cni_version, where="prevResult")
+
+
+def requested_mac(request: Request) -> str | None:
+    """The pod MAC the runtime asks for (capability ``mac``, or CNI_ARGS ``MAC``)."""
+    mac = request.runtime_config("mac") or request.args.get("MAC")
+    if mac is None:
+        return None
+    if not isinstance(mac, str) or not MAC_PATTERN.match(mac):
+        raise CNIError(ERR_INVALID_CONFIG, f"invalid MAC address {mac!r} requested")
+    return mac.lower()

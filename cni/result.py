@@ -211,6 +211,25 @@ class Result:
         return out
 
 
+def chain(prev: Result | None, ours: Result) -> Result:
+    """A plugin's result chained onto prevResult: earlier plugins' entries first, then
+    ours, with our IPs' interface indexes shifted past the earlier interfaces."""
+    if prev is None:
+        return ours
+    offset = len(prev.interfaces)
+    ips = [
+        IPConfig(ip.address, ip.gateway, None if ip.interface is None else ip.interface + offset)
+        for ip in ours.ips
+    ]
+    return Result(
+        ours.cni_version,
+        interfaces=prev.interfaces + ours.interfaces,
+        ips=prev.ips + ips,
+        routes=prev.routes + ours.routes,
+        dns=ours.dns if not ours.dns.is_empty() else prev.dns,
+    )
+
+
 def _interface_json(iface: Interface, full: bool) -> dict[str, Any]:
     out: dict[str, Any] = {"name": iface.name}
     if iface.mac:

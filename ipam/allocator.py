@@ -1,5 +1,5 @@
 """What both allocation modes share: allocations keyed by attachment, release,
-GC, and the store they live in.
+GC, cooldowns, and the store they live in.
 
 An attachment is (container id, ifname) within the store's network. A mode
 only decides which address a new attachment gets and when an ADD cannot be
@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
-from cni.errors import ERR_NO_ADDRESS, CNIError
-from ipam.config import IPAMConfig, NodeCIDRConfig, PrefixConfig
-from ipam.store import AllocationRow, Store, store_path
+from ipam.clock import Clock, Instant
+from ipam.config import IPAMConfig
+from ipam.errors import NoAddress
+from ipam.store import AllocationRow, Store
 
-Clock = Callable[[], float]
 log = logging.getLogger("sluice.ipam")
 
 
@@ -28,7 +28,7 @@ class Allocation:
     prefixlen: int
     container_id: str
     ifname: str
-    allocated_at: float
+    allocated: Instant
     pod_namespace: str = ""
     pod_name: str = ""
 
@@ -38,12 +38,12 @@ class Allocation:
 
 
 class Allocator:
-    """Base of the two modes; ``allocate`` and ``unavailable_reason`` are theirs."""
+    """Base of the two modes; ``_choose`` and ``unavailable_reason`` are theirs."""
 
     config: IPAMConfig
     prefixlen: int  # the prefix length reported with each address
 
-    def __init__(self, config: IPAMConfig, store: Store, clock: Clock = time.time) -> None:
+    def __init__(self, config: IPAMConfig, store: Store, clock: Clock) -> None:
         self.config = config
         self.store = store
         self.clock = clock
@@ -64,7 +64,7 @@ class Allocator:
             self.prefixlen,
             row.container_id,
             row.ifname,
-            row.allocated_at,
+            row.allocated,
             row.pod_namespace,
             row.pod_name,
         )
@@ -77,8 +77,8 @@ class Allocator:
             existing = self.store.allocation_for(container_id, ifname)
             if existing is not None:
                 return self._allocation(existing), False
-            now = self.clock()
-            self.store.forget_cooled(now - self.config.cooldown_seconds)
+            now = self.clock.now()
+            self._forget_cooled(now)
             address = self._choose()
             row = AllocationRow(str(address), container_id, ifname, now, pod_namespace, pod_name)
             self.store.insert_allocation(row)
@@ -90,24 +90,35 @@ class Allocator:
         """The mode's choice of a free address (inside the write transaction)."""
         raise NotImplementedError
 
+    def _forget_cooled(self, now: Instant) -> None:
+        """Drop addresses whose cooldown is over from the cooling list."""
+        cooled = [
+            ip
+            for ip, released in self.store.cooling().items()
+            if now.since(released) >= self.config.cooldown_seconds
+        ]
+        if cooled:
+            self.store.forget_cooling(cooled)
+
     def _longest_cooled(
         self, usable: Callable[[ipaddress.IPv4Address], bool], none_left: str
     ) -> ipaddress.IPv4Address:
         """The usable cooling address released longest ago, when nothing else is left."""
         taken = {row.ip for row in self.store.allocations()}
+        now = self.clock.now()
         cooling = [
-            (released, ip)
+            (now.since(released), ip)
             for ip, released in self.store.cooling().items()
             if ip not in taken and usable(ipaddress.IPv4Address(ip))
         ]
         if not cooling:
-            raise CNIError(ERR_NO_ADDRESS, none_left)
-        released, ip = min(cooling)
+            raise NoAddress(none_left)
+        age, ip = max(cooling)
         log.warning(
             "only cooling addresses are left in network %s: reusing %s, released %.0f s ago",
             self.config.network,
             ip,
-            self.clock() - released,
+            age,
         )
         return ipaddress.IPv4Address(ip)
 
@@ -125,35 +136,44 @@ class Allocator:
     def allocations(self) -> list[Allocation]:
         return [self._allocation(row) for row in self.store.allocations()]
 
-    def cooling(self) -> dict[str, float]:
-        """Released addresses still cooling down, with their release time."""
+    def cooling(self) -> dict[str, Instant]:
+        """Released addresses still cooling down, with the instant of their release."""
+        now = self.clock.now()
         return {
             ip: released
             for ip, released in self.store.cooling().items()
-            if self.clock() - released < self.config.cooldown_seconds
+            if now.since(released) < self.config.cooldown_seconds
         }
 
-    def release(self, container_id: str, ifname: str) -> Allocation | None:
+    @contextmanager
+    def changing(self) -> Iterator[None]:
+        """A write transaction that may release addresses, with the mode's bookkeeping."""
         with self.store.transaction():
-            row = self.store.allocation_for(container_id, ifname)
-            if row is not None:
-                self.store.release(row, self.clock())
+            yield
             self._after_change()
         self._after_commit()
+
+    def release_rows(self, rows: list[AllocationRow]) -> None:
+        """Release these allocations (inside ``changing``)."""
+        now = self.clock.now()
+        for row in rows:
+            self.store.release(row, now)
+
+    def release(self, container_id: str, ifname: str) -> Allocation | None:
+        with self.changing():
+            row = self.store.allocation_for(container_id, ifname)
+            self.release_rows([row] if row else [])
         return self._allocation(row) if row else None
 
     def gc(self, valid: set[tuple[str, str]]) -> list[Allocation]:
         """Release every allocation whose (container id, ifname) is not in ``valid``."""
-        with self.store.transaction():
+        with self.changing():
             stale = [
                 row
                 for row in self.store.allocations()
                 if (row.container_id, row.ifname) not in valid
             ]
-            for row in stale:
-                self.store.release(row, self.clock())
-            self._after_change()
-        self._after_commit()
+            self.release_rows(stale)
         return [self._allocation(row) for row in stale]
 
     def _after_change(self) -> None:
@@ -161,18 +181,3 @@ class Allocator:
 
     def _after_commit(self) -> None:
         """Hook after that transaction committed."""
-
-
-def open_allocator(config: NodeCIDRConfig | PrefixConfig, clock: Clock = time.time) -> Allocator:
-    store = Store(store_path(config.state_dir, config.network), config.network)
-    try:
-        if isinstance(config, PrefixConfig):
-            from ipam.prefix import PrefixAllocator
-
-            return PrefixAllocator(config, store, clock)
-        from ipam.nodecidr import NodeCIDRAllocator
-
-        return NodeCIDRAllocator(config, store, clock)
-    except BaseException:
-        store.close()
-        raise

@@ -15,7 +15,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
-from cni.errors import ERR_INVALID_CONFIG, ERR_UNSUPPORTED_FIELD, CNIError
+from ipam.errors import InvalidConfig, Unsupported
 
 DEFAULT_STATE_DIR = "/var/lib/sluice"
 DEFAULT_COOLDOWN_SECONDS = 120.0  # longer than conntrack's SYN_SENT timeout
@@ -55,6 +55,10 @@ class NodeCIDRConfig(IPAMConfig):
     mode = "node-cidr"
 
     @property
+    def address_range(self) -> ipaddress.IPv4Network:
+        return self.subnet
+
+    @property
     def size(self) -> int:
         """Addresses the range can hand out (gateway excluded)."""
         count = int(self.range_end) - int(self.range_start) + 1
@@ -86,6 +90,10 @@ class PrefixConfig(IPAMConfig):
     mode = "prefix"
 
     @property
+    def address_range(self) -> ipaddress.IPv4Network:
+        return self.pool
+
+    @property
     def block_size(self) -> int:
         return 2 ** (32 - self.prefix_length)
 
@@ -103,17 +111,18 @@ class PrefixConfig(IPAMConfig):
         }
 
 
-def parse(network: str, config: dict[str, Any]) -> NodeCIDRConfig | PrefixConfig:
-    """Read the ``ipam`` object of ``config`` (a plugin configuration).
+def parse(
+    network: str, ipam: Any, plugin_state_dir: str | None = None
+) -> NodeCIDRConfig | PrefixConfig:
+    """Read a network's ``ipam`` object.
 
-    ``stateDir`` is taken from the ipam object, else from the plugin object, so
-    that the same store serves sluice and any other plugin delegating to
-    sluice-ipam.
+    ``stateDir`` is taken from the ipam object, else from the plugin object
+    (``plugin_state_dir``), so that the same store serves sluice and any other
+    plugin delegating to sluice-ipam.
     """
-    ipam = config.get("ipam")
     if not isinstance(ipam, dict):
-        raise CNIError(ERR_INVALID_CONFIG, f'the "ipam" object is required, got {ipam!r}')
-    state_dir = ipam.get("stateDir") or config.get("stateDir") or DEFAULT_STATE_DIR
+        raise InvalidConfig(f'the "ipam" object is required, got {ipam!r}')
+    state_dir = ipam.get("stateDir") or plugin_state_dir or DEFAULT_STATE_DIR
     common = {
         "network": network,
         "routes": _routes(ipam.get("routes")),
@@ -125,8 +134,7 @@ def parse(network: str, config: dict[str, Any]) -> NodeCIDRConfig | PrefixConfig
         return _node_cidr(ipam, common)
     if mode == "prefix":
         return _prefix(ipam, common)
-    raise CNIError(
-        ERR_UNSUPPORTED_FIELD,
+    raise Unsupported(
         f'"ipam.mode": {mode!r} is not supported (supported: "node-cidr", "prefix")',
     )
 
@@ -134,16 +142,14 @@ def parse(network: str, config: dict[str, Any]) -> NodeCIDRConfig | PrefixConfig
 def _node_cidr(ipam: dict[str, Any], common: dict[str, Any]) -> NodeCIDRConfig:
     subnet = _network(ipam.get("subnet"), "subnet")
     if subnet.prefixlen > 30:
-        raise CNIError(
-            ERR_INVALID_CONFIG,
+        raise InvalidConfig(
             f'"ipam.subnet" {str(subnet)!r} is too small to allocate from (at most /30)',
         )
     first, last = subnet[1], subnet[-2]  # network and broadcast are never handed out
     range_start = _address(ipam, "rangeStart", subnet, default=first)
     range_end = _address(ipam, "rangeEnd", subnet, default=last)
     if range_start > range_end:
-        raise CNIError(
-            ERR_INVALID_CONFIG,
+        raise InvalidConfig(
             f'"ipam.rangeStart" {range_start} is after "ipam.rangeEnd" {range_end}',
         )
     if "gateway" in ipam and ipam["gateway"] is None:
@@ -154,8 +160,7 @@ def _node_cidr(ipam: dict[str, Any], common: dict[str, Any]) -> NodeCIDRConfig:
         **common, subnet=subnet, range_start=range_start, range_end=range_end, gateway=gateway
     )
     if parsed.size < 1:
-        raise CNIError(
-            ERR_INVALID_CONFIG,
+        raise InvalidConfig(
             f"range {range_start}-{range_end} of {subnet} leaves no address to hand out",
         )
     return parsed
@@ -165,20 +170,17 @@ def _prefix(ipam: dict[str, Any], common: dict[str, Any]) -> PrefixConfig:
     pool = _network(ipam.get("pool"), "pool")
     length = ipam.get("prefixLength", DEFAULT_PREFIX_LENGTH)
     if not _is_int(length) or not pool.prefixlen <= length <= 32:
-        raise CNIError(
-            ERR_INVALID_CONFIG,
+        raise InvalidConfig(
             f'invalid "ipam.prefixLength" {length!r}: must be between the pool\'s '
             f"/{pool.prefixlen} and 32",
         )
     warm = ipam.get("warmPrefixes", DEFAULT_WARM_PREFIXES)
     if not _is_int(warm) or warm < 0:
-        raise CNIError(
-            ERR_INVALID_CONFIG, f'invalid "ipam.warmPrefixes" {warm!r}: must be 0 or more'
-        )
+        raise InvalidConfig(f'invalid "ipam.warmPrefixes" {warm!r}: must be 0 or more')
     claims_dir = ipam.get("claimsDir") or f"{common['state_dir']}/claims"
     node = ipam.get("nodeName") or socket.gethostname()
     if not isinstance(node, str) or not NODE_NAME.match(node):
-        raise CNIError(ERR_INVALID_CONFIG, f'invalid "ipam.nodeName" {node!r}')
+        raise InvalidConfig(f'invalid "ipam.nodeName" {node!r}')
     return PrefixConfig(
         **common,
         pool=pool,
@@ -195,14 +197,13 @@ def _is_int(value: Any) -> bool:
 
 def _absolute(value: Any, key: str) -> str:
     if not isinstance(value, str) or not value.startswith("/"):
-        raise CNIError(ERR_INVALID_CONFIG, f'invalid "{key}" {value!r}: must be an absolute path')
+        raise InvalidConfig(f'invalid "{key}" {value!r}: must be an absolute path')
     return value
 
 
 def _cooldown(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise CNIError(
-            ERR_INVALID_CONFIG,
+        raise InvalidConfig(
             f'invalid "ipam.cooldownSeconds" {value!r}: must be a number of seconds, 0 or more',
         )
     return float(value)
@@ -210,13 +211,13 @@ def _cooldown(value: Any) -> float:
 
 def _network(value: Any, key: str) -> ipaddress.IPv4Network:
     if not isinstance(value, str):
-        raise CNIError(ERR_INVALID_CONFIG, f'"ipam.{key}" is required, got {value!r}')
+        raise InvalidConfig(f'"ipam.{key}" is required, got {value!r}')
     try:
         network = ipaddress.ip_network(value)
     except ValueError as err:
-        raise CNIError(ERR_INVALID_CONFIG, f'invalid "ipam.{key}" {value!r}: {err}') from None
+        raise InvalidConfig(f'invalid "ipam.{key}" {value!r}: {err}') from None
     if not isinstance(network, ipaddress.IPv4Network):
-        raise CNIError(ERR_UNSUPPORTED_FIELD, f'"ipam.{key}": {value!r}: only IPv4 is supported')
+        raise Unsupported(f'"ipam.{key}": {value!r}: only IPv4 is supported')
     return network
 
 
@@ -232,13 +233,9 @@ def _address(
     try:
         address = ipaddress.IPv4Address(value)
     except ValueError:
-        raise CNIError(
-            ERR_INVALID_CONFIG, f'invalid "ipam.{key}" {value!r}: not an IPv4 address'
-        ) from None
+        raise InvalidConfig(f'invalid "ipam.{key}" {value!r}: not an IPv4 address') from None
     if address not in subnet or address in (subnet.network_address, subnet.broadcast_address):
-        raise CNIError(
-            ERR_INVALID_CONFIG, f'"ipam.{key}" {value} is not a usable address of {subnet}'
-        )
+        raise InvalidConfig(f'"ipam.{key}" {value} is not a usable address of {subnet}')
     return address
 
 
@@ -246,20 +243,25 @@ def _routes(value: Any) -> tuple[IPAMRoute, ...]:
     if value is None:
         return ()
     if not isinstance(value, list):
-        raise CNIError(ERR_INVALID_CONFIG, f'"ipam.routes" must be a list, got {value!r}')
+        raise InvalidConfig(f'"ipam.routes" must be a list, got {value!r}')
     routes = []
     for i, raw in enumerate(value):
         where = f"ipam.routes[{i}]"
         if not isinstance(raw, dict):
-            raise CNIError(ERR_INVALID_CONFIG, f'"{where}" must be an object, got {raw!r}')
+            raise InvalidConfig(f'"{where}" must be an object, got {raw!r}')
         try:
             dst = ipaddress.ip_network(raw.get("dst"))
             gw = ipaddress.ip_address(raw["gw"]) if raw.get("gw") else None
         except (TypeError, ValueError) as err:
-            raise CNIError(ERR_INVALID_CONFIG, f'invalid "{where}" {raw!r}: {err}') from None
+            raise InvalidConfig(f'invalid "{where}" {raw!r}: {err}') from None
         if not isinstance(dst, ipaddress.IPv4Network) or not isinstance(
             gw, ipaddress.IPv4Address | None
         ):
-            raise CNIError(ERR_UNSUPPORTED_FIELD, f'"{where}": {raw!r}: only IPv4 is supported')
+            raise Unsupported(f'"{where}": {raw!r}: only IPv4 is supported')
         routes.append(IPAMRoute(dst, gw))
     return tuple(routes)
+
+
+def from_plugin(network: str, plugin: dict[str, Any]) -> NodeCIDRConfig | PrefixConfig:
+    """The IPAM configuration of a plugin object (its ``ipam`` and ``stateDir``)."""
+    return parse(network, plugin.get("ipam"), plugin.get("stateDir"))

@@ -11,7 +11,8 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Iterator
 
-from ipam.allocator import Allocator, Clock
+from ipam.allocator import Allocator
+from ipam.clock import Clock
 from ipam.config import NodeCIDRConfig
 from ipam.store import Store
 

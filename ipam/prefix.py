@@ -23,10 +23,11 @@ from __future__ import annotations
 import ipaddress
 import logging
 
-from cni.errors import ERR_STORE, CNIError
-from ipam.allocator import Allocator, Clock
+from ipam.allocator import Allocator
 from ipam.claims import Claim, LocalClaimStore
+from ipam.clock import Clock
 from ipam.config import PrefixConfig
+from ipam.errors import StoreError
 from ipam.store import Store
 
 log = logging.getLogger("sluice.ipam")
@@ -75,8 +76,7 @@ class PrefixAllocator(Allocator):
             log.warning("claimed block %s again: it still holds %s", block, busy)
             return
         owner = f"{claim.node}/{claim.network}" if claim else "nobody"
-        raise CNIError(
-            ERR_STORE,
+        raise StoreError(
             f"block {block} holds addresses {busy} of this node but is claimed by {owner}; "
             "run `sluicectl ipam check`",
         )
@@ -92,7 +92,7 @@ class PrefixAllocator(Allocator):
     def _claim(self) -> Block | None:
         block = self.claims.claim(self.config.node_name, self.config.network)
         if block is not None:
-            self.store.add_prefix(str(block), self.clock())
+            self.store.add_prefix(str(block), self.clock.now().wall)
             log.info("claimed block %s from pool %s", block, self.config.pool)
         return block
 
@@ -135,7 +135,7 @@ class PrefixAllocator(Allocator):
         The claim goes first, then the record; a crash in between leaves a
         record without a claim, which the next change drops (it is empty).
         """
-        self.store.forget_cooled(self.clock() - self.config.cooldown_seconds)
+        self._forget_cooled(self.clock.now())
         usage = self.usage(self.held())
         spare = self._spare(usage)
         for block in sorted((b for b, used in usage.items() if used == 0), reverse=True):

@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ipam.allocator import Allocator
+from ipam.clock import Instant
 from ipam.nodecidr import NodeCIDRAllocator
 from ipam.prefix import PrefixAllocator
 
@@ -63,14 +64,14 @@ def network_report(allocator: Allocator) -> dict[str, Any]:
                 "containerID": a.container_id,
                 "ifname": a.ifname,
                 "ip": str(a.ip),
-                "allocatedAt": timestamp(a.allocated_at),
+                "allocatedAt": timestamp(a.allocated.wall),
                 "podNamespace": a.pod_namespace,
                 "podName": a.pod_name,
             }
             for a in allocations
         ],
         "cooling": [
-            {"ip": ip, "releasedAt": timestamp(released)}
+            {"ip": ip, "releasedAt": timestamp(released.wall)}
             for ip, released in sorted(
                 cooling.items(), key=lambda item: ipaddress.IPv4Address(item[0])
             )
@@ -84,7 +85,7 @@ def network_report(allocator: Allocator) -> dict[str, Any]:
 
 
 def _node_cidr_part(
-    allocator: NodeCIDRAllocator, allocated: int, cooling: dict[str, float]
+    allocator: NodeCIDRAllocator, allocated: int, cooling: dict[str, Instant]
 ) -> dict[str, Any]:
     busy = {str(a.ip) for a in allocator.allocations()} | set(cooling)
     free = [ip for ip in allocator.candidates() if str(ip) not in busy]
@@ -140,39 +141,3 @@ def _prefix_part(allocator: PrefixAllocator, allocated: int) -> dict[str, Any]:
             "packing": round(len(held) / minimum, 3) if minimum else None,
         },
     }
-
-
-def render_table(report: dict[str, Any]) -> str:
-    """The human form: the fragmentation numbers first, then the details."""
-    lines: list[str] = []
-    for net in report["networks"]:
-        stats = net["stats"]
-        where = net.get("subnet") or f"{net['pool']} (blocks of /{net['prefixLength']})"
-        lines.append(f"network {net['name']}  mode {net['mode']}  {where}")
-        lines.append(
-            f"  allocated {stats['allocated']}  free {stats['free']}  "
-            f"cooling {len(net['cooling'])}  free aligned /"
-            f"{net['prefixLength'] or NODE_CIDR_BLOCK} blocks {stats['freeAlignedBlocks']}  "
-            f"largest free block {stats['largestFreeBlock'] or 'none'}"
-        )
-        if net["mode"] == "prefix":
-            packing = stats["packing"]
-            lines.append(
-                f"  node {net['node']}  prefixes held {stats['prefixesHeld']}  minimum "
-                f"{stats['prefixesMinimum']}  packing {packing if packing else '-'}"
-            )
-            lines.append(f"  {'PREFIX':<20}{'USED':>6}{'COOLING':>9}{'FREE':>6}")
-            for p in net["prefixes"]:
-                lines.append(f"  {p['cidr']:<20}{p['used']:>6}{p['cooling']:>9}{p['free']:>6}")
-        if net["allocations"]:
-            lines.append(f"  {'IP':<17}{'CONTAINER':<26}{'IFNAME':<8}{'POD':<30}ALLOCATED")
-            for a in net["allocations"]:
-                pod = f"{a['podNamespace']}/{a['podName']}" if a["podName"] else "-"
-                lines.append(
-                    f"  {a['ip']:<17}{a['containerID'][:24]:<26}{a['ifname']:<8}"
-                    f"{pod[:28]:<30}{a['allocatedAt']}"
-                )
-        for c in net["cooling"]:
-            lines.append(f"  cooling {c['ip']} since {c['releasedAt']}")
-        lines.append("")
-    return "\n".join(lines)

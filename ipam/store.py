@@ -11,6 +11,8 @@ Format history (``PRAGMA user_version``):
 1. allocations, cooling, meta
 2. + prefixes (blocks held in prefix mode); meta "config" keeps the network's
    IPAM configuration, so a store can be read without its conflist
+3. + time since boot and boot id beside every wall-clock time of allocations
+   and cooling addresses (see ``ipam.clock``)
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from cni.errors import ERR_STORE, CNIError
+from ipam.clock import Instant
+from ipam.errors import StoreError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 BUSY_TIMEOUT_SECONDS = 60.0
 
 MIGRATIONS = {
@@ -46,7 +49,16 @@ MIGRATIONS = {
     2: """
         CREATE TABLE prefixes (cidr TEXT PRIMARY KEY, claimed_at REAL NOT NULL)
     """,
+    3: """
+        ALTER TABLE allocations ADD COLUMN allocated_boot REAL NOT NULL DEFAULT 0;
+        ALTER TABLE allocations ADD COLUMN boot_id TEXT NOT NULL DEFAULT '';
+        ALTER TABLE cooling ADD COLUMN released_boot REAL NOT NULL DEFAULT 0;
+        ALTER TABLE cooling ADD COLUMN boot_id TEXT NOT NULL DEFAULT ''
+    """,
 }
+ALLOCATION_COLUMNS = (
+    "ip, container_id, ifname, allocated_at, allocated_boot, boot_id, pod_namespace, pod_name"
+)
 
 
 @dataclass(frozen=True)
@@ -54,9 +66,14 @@ class AllocationRow:
     ip: str
     container_id: str
     ifname: str
-    allocated_at: float
+    allocated: Instant
     pod_namespace: str
     pod_name: str
+
+    @classmethod
+    def from_row(cls, row: tuple[Any, ...]) -> AllocationRow:
+        ip, cid, ifname, wall, boot, boot_id, namespace, name = row
+        return cls(ip, cid, ifname, Instant(wall, boot, boot_id), namespace, name)
 
 
 def store_path(state_dir: str, network: str) -> str:
@@ -108,7 +125,7 @@ def write_transaction(db: sqlite3.Connection, path: str) -> Iterator[sqlite3.Con
     try:
         db.execute("BEGIN IMMEDIATE")
     except sqlite3.Error as err:
-        raise CNIError(ERR_STORE, f'failed to lock "{path}": {err}') from None
+        raise StoreError(f'failed to lock "{path}": {err}') from None
     try:
         yield db
     except BaseException:
@@ -117,7 +134,7 @@ def write_transaction(db: sqlite3.Connection, path: str) -> Iterator[sqlite3.Con
     try:
         db.execute("COMMIT")
     except sqlite3.Error as err:
-        raise CNIError(ERR_STORE, f'failed to commit to "{path}": {err}') from None
+        raise StoreError(f'failed to commit to "{path}": {err}') from None
 
 
 class Store:
@@ -127,7 +144,7 @@ class Store:
             self.db = open_database(path)
             self._migrate(network)
         except (OSError, sqlite3.Error) as err:
-            raise CNIError(ERR_STORE, f'failed to open IPAM store "{path}": {err}') from None
+            raise StoreError(f'failed to open IPAM store "{path}": {err}') from None
 
     def close(self) -> None:
         self.db.close()
@@ -145,8 +162,7 @@ class Store:
         if self._version() == SCHEMA_VERSION:
             return
         if self._version() > SCHEMA_VERSION:
-            raise CNIError(
-                ERR_STORE,
+            raise StoreError(
                 f'IPAM store "{self.path}" has format {self._version()}, newer than this '
                 f"sluice understands ({SCHEMA_VERSION})",
             )
@@ -163,22 +179,20 @@ class Store:
     # -- reads (inside or outside a transaction) ------------------------------
 
     def allocations(self) -> list[AllocationRow]:
-        rows = self.db.execute(
-            "SELECT ip, container_id, ifname, allocated_at, pod_namespace, pod_name "
-            "FROM allocations"
-        ).fetchall()
-        return [AllocationRow(*row) for row in rows]
+        rows = self.db.execute(f"SELECT {ALLOCATION_COLUMNS} FROM allocations").fetchall()
+        return [AllocationRow.from_row(row) for row in rows]
 
     def allocation_for(self, container_id: str, ifname: str) -> AllocationRow | None:
         row = self.db.execute(
-            "SELECT ip, container_id, ifname, allocated_at, pod_namespace, pod_name "
-            "FROM allocations WHERE container_id = ? AND ifname = ?",
+            f"SELECT {ALLOCATION_COLUMNS} FROM allocations WHERE container_id = ? AND ifname = ?",
             (container_id, ifname),
         ).fetchone()
-        return AllocationRow(*row) if row else None
+        return AllocationRow.from_row(row) if row else None
 
-    def cooling(self) -> dict[str, float]:
-        return dict(self.db.execute("SELECT ip, released_at FROM cooling").fetchall())
+    def cooling(self) -> dict[str, Instant]:
+        """Released addresses not yet forgotten, with the instant of their release."""
+        rows = self.db.execute("SELECT ip, released_at, released_boot, boot_id FROM cooling")
+        return {ip: Instant(wall, boot, boot_id) for ip, wall, boot, boot_id in rows}
 
     def prefixes(self) -> dict[str, float]:
         """Blocks held in prefix mode, with the time each was claimed."""
@@ -192,28 +206,34 @@ class Store:
 
     def insert_allocation(self, row: AllocationRow) -> None:
         self.db.execute(
-            "INSERT INTO allocations VALUES (?, ?, ?, ?, ?, ?)",
+            f"INSERT INTO allocations ({ALLOCATION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 row.ip,
                 row.container_id,
                 row.ifname,
-                row.allocated_at,
+                row.allocated.wall,
+                row.allocated.boot,
+                row.allocated.boot_id,
                 row.pod_namespace,
                 row.pod_name,
             ),
         )
         self.db.execute("DELETE FROM cooling WHERE ip = ?", (row.ip,))
 
-    def release(self, row: AllocationRow, released_at: float) -> None:
+    def release(self, row: AllocationRow, released: Instant) -> None:
         self.db.execute(
             "DELETE FROM allocations WHERE ip = ? AND container_id = ? AND ifname = ?",
             (row.ip, row.container_id, row.ifname),
         )
-        self.db.execute("INSERT OR REPLACE INTO cooling VALUES (?, ?)", (row.ip, released_at))
+        self.db.execute(
+            "INSERT OR REPLACE INTO cooling (ip, released_at, released_boot, boot_id) "
+            "VALUES (?, ?, ?, ?)",
+            (row.ip, released.wall, released.boot, released.boot_id),
+        )
 
-    def forget_cooled(self, before: float) -> None:
-        """Forget addresses released at or before ``before``: they have cooled down."""
-        self.db.execute("DELETE FROM cooling WHERE released_at <= ?", (before,))
+    def forget_cooling(self, ips: list[str]) -> None:
+        """Forget addresses that have cooled down."""
+        self.db.executemany("DELETE FROM cooling WHERE ip = ?", [(ip,) for ip in ips])
 
     def add_prefix(self, cidr: str, claimed_at: float) -> None:
         self.db.execute("INSERT OR IGNORE INTO prefixes VALUES (?, ?)", (cidr, claimed_at))

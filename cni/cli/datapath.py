@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from cni import conflist as conflist_mod
+from cni.cli.common import conf_option
 from cni.conflist import DEFAULT_CONF
 from cni.netconf import DEFAULT_BPF_DIR
 
@@ -25,9 +26,6 @@ def bpf_dir_of(conf_path: str | None, bpf_dir: str | None) -> str:
     return str(plugin.get("bpfDir", DEFAULT_BPF_DIR))
 
 
-conf_option = click.option(
-    "--conf", "conf_path", default=None, help=f"The network's conflist [default: {DEFAULT_CONF}]."
-)
 bpf_dir_option = click.option("--bpf-dir", default=None, help="The datapath's bpffs directory.")
 output_option = click.option(
     "-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True
@@ -76,11 +74,11 @@ def load(conf_path: str | None, bpf_dir: str | None, force: bool) -> None:
 
 
 def show_report(bpf_dir: str) -> dict[str, Any]:
+    from cni.attachment import parse_alias
     from cni.datapath import bpf, loader
     from cni.datapath.endpoint import HOOKS, attached_programs
     from cni.datapath.maps import MAPS
     from cni.datapath.structs import ip_str
-    from cni.net.link import parse_alias
     from cni.net.netlink import IPRoute
 
     programs = {}

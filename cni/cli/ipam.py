@@ -3,38 +3,31 @@
 from __future__ import annotations
 
 import json
-import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import click
 
-from cni import conflist as conflist_mod
-from cni.conflist import DEFAULT_CONF
-from cni.errors import CNIError
+from cni.cli.common import conf_option, load_conflist, netconf_of
+from cni.conflist import ConflistError
+from cni.netconf import NetConf
 from ipam import config as ipam_config
-from ipam.allocator import Allocator, open_allocator
+from ipam.allocator import Allocator
+from ipam.errors import IPAMError
+from ipam.modes import open_allocator
 from ipam.store import Store, store_networks, store_path
 
-# An ADD allocates before it creates the veth; an allocation this young
-# without a veth is probably an ADD in progress, not a leak.
-LEAK_GRACE_SECONDS = 60.0
+NODE_CIDR_BLOCK = 28  # the block size fragmentation is measured in, in node-CIDR mode
 
 
+@dataclass(frozen=True)
 class Target:
-    """A network's IPAM, found through its conflist or its store."""
+    """A network's IPAM, with the sluice plugin's configuration when sluice wires it."""
 
-    def __init__(self, plugin: dict[str, Any]) -> None:
-        self.plugin = plugin
-        self.config = ipam_config.parse(plugin["name"], plugin)
-
-    @property
-    def wires_veths(self) -> bool:
-        """Only the sluice plugin creates node-side veths this IPAM can be checked against."""
-        return self.plugin.get("type") == "sluice"
-
-    def open(self) -> Allocator:
-        return open_allocator(self.config)
+    config: ipam_config.NodeCIDRConfig | ipam_config.PrefixConfig
+    sluice: NetConf | None = None
 
 
 def _fail(message: str) -> None:
@@ -44,21 +37,40 @@ def _fail(message: str) -> None:
 def targets_from(conf_path: str | None, state_dir: str | None) -> list[Target]:
     try:
         if state_dir:
-            found = []
-            for network in store_networks(state_dir):
-                with Store(store_path(state_dir, network), network) as store:
-                    snapshot = store.config()
-                if snapshot:
-                    found.append(Target({"name": network, "stateDir": state_dir, "ipam": snapshot}))
-            return found
-        return [Target(conflist_mod.load(conf_path or DEFAULT_CONF).ipam_plugin())]
-    except (conflist_mod.ConflistError, CNIError) as err:
+            return [
+                Target(ipam_config.parse(name, snapshot)) for name, snapshot in _stored(state_dir)
+            ]
+        conflist = load_conflist(conf_path)
+        if any(p.get("type") == "sluice" for p in conflist.data["plugins"] if isinstance(p, dict)):
+            conf = netconf_of(conflist)
+            if isinstance(conf.ipam, ipam_config.IPAMConfig):
+                return [Target(conf.ipam, conf)]
+        plugin = conflist.ipam_plugin()
+        return [Target(ipam_config.parse(plugin["name"], plugin["ipam"], plugin.get("stateDir")))]
+    except (ConflistError, IPAMError) as err:
         _fail(str(err))
     return []
 
 
-conf_option = click.option(
-    "--conf", "conf_path", default=None, help=f"The network's conflist [default: {DEFAULT_CONF}]."
+def _stored(state_dir: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    for network in store_networks(state_dir):
+        with Store(store_path(state_dir, network), network) as store:
+            snapshot = store.config()
+        if snapshot:
+            yield network, {**snapshot, "stateDir": state_dir}
+
+
+@contextmanager
+def opened(target: Target) -> Iterator[Allocator]:
+    try:
+        with open_allocator(target.config) as allocator:
+            yield allocator
+    except IPAMError as err:
+        _fail(str(err))
+
+
+output_option = click.option(
+    "-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True
 )
 
 
@@ -70,16 +82,14 @@ def ipam() -> None:
 @ipam.command()
 @conf_option
 @click.option("--state-dir", default=None, help="Show every network stored here instead.")
-@click.option(
-    "-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True
-)
+@output_option
 def show(conf_path: str | None, state_dir: str | None, output: str) -> None:
     """Pools, prefixes, allocations and fragmentation."""
-    from ipam.report import network_report, render_table
+    from ipam.report import network_report
 
     networks = []
     for target in targets_from(conf_path, state_dir):
-        with target.open() as allocator:
+        with opened(target) as allocator:
             networks.append(network_report(allocator))
     report = {"networks": networks}
     click.echo(json.dumps(report, indent=2) if output == "json" else render_table(report))
@@ -114,7 +124,7 @@ def gc(conf_path: str | None, valid: tuple[str, ...], none_valid: bool, dry_run:
         _fail("name the attachments still in use with --valid, or pass --none-valid")
     keep = parse_valid(valid)
     (target,) = targets_from(conf_path, None)
-    with target.open() as allocator:
+    with opened(target) as allocator:
         stale = [a for a in allocator.allocations() if (a.container_id, a.ifname) not in keep]
     for a in stale:
         click.echo(
@@ -122,155 +132,103 @@ def gc(conf_path: str | None, valid: tuple[str, ...], none_valid: bool, dry_run:
         )
     if dry_run:
         return
-    if target.wires_veths:
-        _plugin_gc(target.plugin, keep)
+    if target.sluice is not None:
+        from cni.errors import CNIError
+        from cni.verbs.gc import gc as gc_verb
+
+        try:
+            gc_verb(target.sluice, keep)
+        except CNIError as err:
+            _fail(f"GC finished with errors: {err.details}")
     else:
-        with target.open() as allocator:
+        with opened(target) as allocator:
             allocator.gc(keep)
     click.echo(f"released {len(stale)} attachment(s)")
-
-
-def _plugin_gc(plugin: dict[str, Any], keep: set[tuple[str, str]]) -> None:
-    from cni.protocol import Request
-    from cni.verbs import gc as gc_verb
-
-    config = {
-        **plugin,
-        "cni.dev/valid-attachments": [
-            {"containerID": cid, "ifname": ifname} for cid, ifname in sorted(keep)
-        ],
-    }
-    request = Request(
-        command="GC",
-        cni_version=plugin["cniVersion"],
-        network=plugin["name"],
-        config=config,
-        raw_config=json.dumps(config).encode(),
-        env={},
-    )
-    try:
-        gc_verb.run(request)
-    except CNIError as err:
-        _fail(f"GC finished with errors: {err.details}")
-
-
-@dataclass
-class Finding:
-    kind: str
-    detail: str
-    repaired: bool = False
 
 
 @ipam.command()
 @conf_option
 @click.option("--repair", is_flag=True, help="Fix what is safe to fix.")
-@click.option(
-    "-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True
-)
+@output_option
 def check(conf_path: str | None, repair: bool, output: str) -> None:
     """Find leaked allocations, veths without an allocation, and duplicates (exit 1)."""
+    from ipam.check import check_attachments, check_store
+
     (target,) = targets_from(conf_path, None)
-    with target.open() as allocator:
-        findings = store_findings(allocator)
-        if target.wires_veths:
-            findings += veth_findings(target, allocator, repair)
+    with opened(target) as allocator:
+        findings = check_store(allocator)
+        if target.sluice is not None:  # only sluice creates veths to check against
+            with _node_attachments(target.sluice) as (listing, remove):
+                findings += check_attachments(allocator, listing, repair, remove)
+    network = target.config.network
     if output == "json":
-        report = {"network": target.config.network, "findings": [asdict(f) for f in findings]}
+        report = {"network": network, "findings": [asdict(f) for f in findings]}
         click.echo(json.dumps(report, indent=2))
     else:
         for f in findings:
-            click.echo(f"{f.kind:<22}{f.detail}{'  (repaired)' if f.repaired else ''}")
+            click.echo(f"{f.kind:<26}{f.detail}{'  (repaired)' if f.repaired else ''}")
         if not findings:
-            click.echo(f"network {target.config.network}: no problem found")
+            click.echo(f"network {network}: no problem found")
     raise SystemExit(1 if any(not f.repaired for f in findings) else 0)
 
 
-def store_findings(allocator: Allocator) -> list[Finding]:
-    """Duplicates and addresses outside what this node may hand out."""
-    import ipaddress
-
-    from ipam.nodecidr import NodeCIDRAllocator
-    from ipam.prefix import PrefixAllocator
-
-    findings = []
-    db = allocator.store.db
-    for ip, count in db.execute(
-        "SELECT ip, COUNT(*) FROM allocations GROUP BY ip HAVING COUNT(*) > 1"
-    ):
-        findings.append(Finding("duplicate-address", f"{ip} is allocated {count} times"))
-    for cid, ifname, count in db.execute(
-        "SELECT container_id, ifname, COUNT(*) FROM allocations "
-        "GROUP BY container_id, ifname HAVING COUNT(*) > 1"
-    ):
-        findings.append(Finding("duplicate-attachment", f"{cid}/{ifname} holds {count} addresses"))
-    if isinstance(allocator, PrefixAllocator):
-        held = [ipaddress.IPv4Network(c) for c in allocator.store.prefixes()]
-        owners = {c.block: (c.node, c.network) for c in allocator.claims.claims()}
-        me = (allocator.config.node_name, allocator.config.network)
-        for block in held:
-            if owners.get(block) != me:
-                owner = owners.get(block)
-                detail = f"by {owner[0]}/{owner[1]}" if owner else "by nobody"
-                findings.append(
-                    Finding("block-not-claimed", f"{block} is held but claimed {detail}")
-                )
-        for a in allocator.allocations():
-            if not any(a.ip in block for block in held):
-                findings.append(
-                    Finding(
-                        "outside-range", f"{a.ip} ({a.container_id}) is in no block this node holds"
-                    )
-                )
-    elif isinstance(allocator, NodeCIDRAllocator):
-        for a in allocator.allocations():
-            if not allocator.in_range(a.ip):
-                findings.append(
-                    Finding(
-                        "outside-range",
-                        f"{a.ip} ({a.container_id}) is outside the configured range",
-                    )
-                )
-    return findings
-
-
-def veth_findings(target: Target, allocator: Allocator, repair: bool) -> list[Finding]:
-    """Allocations and node-side veths that should come in pairs but do not."""
+@contextmanager
+def _node_attachments(conf: NetConf) -> Iterator[tuple[Any, Any]]:
+    """How to list the network's veths with the addresses routed to them, and how to
+    remove one (veth, datapath endpoint, masquerade entries)."""
     from cni import wiring
-    from cni.net import link, masq
+    from cni.net import masq
     from cni.net.netlink import IPRoute
-    from cni.netconf import DEFAULT_BPF_DIR
 
-    findings = []
-    network = target.config.network
-    allocations = {(a.container_id, a.ifname): a for a in allocator.allocations()}
     with IPRoute() as node:
-        veths = {(cid, ifname): veth for veth, cid, ifname in link.attachment_links(node, network)}
-        for key, a in sorted(allocations.items()):
-            if key in veths:
-                routed = wiring.node_routed_ips(node, veths[key])
-                if str(a.ip) not in routed:
-                    findings.append(
-                        Finding(
-                            "route-mismatch",
-                            f"{a.ip} of {key[0]}/{key[1]} is "
-                            f"not routed to {veths[key].name} ({routed})",
-                        )
-                    )
-                continue
-            finding = Finding("allocation-without-veth", f"{a.ip} held by {key[0]}/{key[1]}")
-            if repair and time.time() - a.allocated_at > LEAK_GRACE_SECONDS:
-                allocator.release(*key)
-                finding.repaired = True
-            findings.append(finding)
-        for key, veth in sorted(veths.items()):
-            if key in allocations:
-                continue
-            finding = Finding("veth-without-allocation", f"{veth.name} of {key[0]}/{key[1]}")
-            if repair:
-                bpf_dir = target.plugin.get("bpfDir", DEFAULT_BPF_DIR)
-                ips = wiring.unwire(node, wiring.Attachment(network, *key), bpf_dir)
-                if ips and target.plugin.get("ipMasq", True):
-                    masq.remove(network, ips)
-                finding.repaired = True
-            findings.append(finding)
-    return findings
+
+        def listing() -> dict[tuple[str, str], list[str]]:
+            veths = wiring.node_veths(node, conf.network)
+            return {key: wiring.node_routed_ips(node, veth) for key, veth in veths.items()}
+
+        def remove(container_id: str, ifname: str) -> None:
+            veth = wiring.node_veths(node, conf.network).get((container_id, ifname))
+            if veth is None:
+                return
+            ips = wiring.node_routed_ips(node, veth)
+            wiring.unwire(node, veth, conf.bpf_dir)
+            if conf.ip_masq:
+                masq.remove(conf.network, ips)
+
+        yield listing, remove
+
+
+def render_table(report: dict[str, Any]) -> str:
+    """The human form: the fragmentation numbers first, then the details."""
+    lines: list[str] = []
+    for net in report["networks"]:
+        stats = net["stats"]
+        where = net.get("subnet") or f"{net['pool']} (blocks of /{net['prefixLength']})"
+        lines.append(f"network {net['name']}  mode {net['mode']}  {where}")
+        lines.append(
+            f"  allocated {stats['allocated']}  free {stats['free']}  "
+            f"cooling {len(net['cooling'])}  free aligned /"
+            f"{net['prefixLength'] or NODE_CIDR_BLOCK} blocks {stats['freeAlignedBlocks']}  "
+            f"largest free block {stats['largestFreeBlock'] or 'none'}"
+        )
+        if net["mode"] == "prefix":
+            packing = stats["packing"]
+            lines.append(
+                f"  node {net['node']}  prefixes held {stats['prefixesHeld']}  minimum "
+                f"{stats['prefixesMinimum']}  packing {packing if packing else '-'}"
+            )
+            lines.append(f"  {'PREFIX':<20}{'USED':>6}{'COOLING':>9}{'FREE':>6}")
+            for p in net["prefixes"]:
+                lines.append(f"  {p['cidr']:<20}{p['used']:>6}{p['cooling']:>9}{p['free']:>6}")
+        if net["allocations"]:
+            lines.append(f"  {'IP':<17}{'CONTAINER':<26}{'IFNAME':<8}{'POD':<30}ALLOCATED")
+            for a in net["allocations"]:
+                pod = f"{a['podNamespace']}/{a['podName']}" if a["podName"] else "-"
+                lines.append(
+                    f"  {a['ip']:<17}{a['containerID'][:24]:<26}{a['ifname']:<8}"
+                    f"{pod[:28]:<30}{a['allocatedAt']}"
+                )
+        for c in net["cooling"]:
+            lines.append(f"  cooling {c['ip']} since {c['releasedAt']}")
+        lines.append("")
+    return "\n".join(lines)

@@ -10,21 +10,10 @@ import click
 
 from cni import conflist as conflist_mod
 from cni import launcher, versions
+from cni.cli.common import netconf_of
 from cni.conflist import DEFAULT_CONF
 from cni.errors import CNIError
-from cni.protocol import Request
-
-
-def status_request(conflist: conflist_mod.Conflist, bin_dir: str) -> Request:
-    plugin = conflist.plugin()
-    return Request(
-        command="STATUS",
-        cni_version=conflist.cni_version,
-        network=conflist.network,
-        config=plugin,
-        raw_config=json.dumps(plugin).encode(),
-        env={"CNI_PATH": bin_dir},
-    )
+from cni.netconf import DelegatedIPAM, NetConf
 
 
 def launcher_state(bin_dir: str, executable: str) -> tuple[bool, str]:
@@ -67,22 +56,20 @@ def status(conf_path: str, bin_dir: str) -> None:
         click.echo(f"{executable + ':':13}{line}")
     try:
         conflist = conflist_mod.load(conf_path)
-        request = status_request(conflist, bin_dir)
-    except conflist_mod.ConflistError as err:
+        conf = netconf_of(conflist, (bin_dir,))
+    except (conflist_mod.ConflistError, click.ClickException) as err:
         click.echo(f"{'conflist:':13}{err}")
         raise SystemExit(1) from None
-    plugin = request.config
     click.echo(
         f"{'conflist:':13}{conf_path} (network {conflist.network!r}, "
         f"cniVersion {conflist.cni_version})"
     )
-    click.echo(f"{'policy:':13}{plugin.get('policy', 'enforce')}")
-    click.echo(f"{'ipam:':13}{_ipam_summary(request)}")
+    click.echo(f"{'policy:':13}{conf.policy}")
+    click.echo(f"{'ipam:':13}{_ipam_summary(conf)}")
     try:
-        from cni.verbs import status as status_verb
+        from cni.verbs.status import status as status_verb
 
-        if versions.at_least(conflist.cni_version, "1.1.0"):
-            status_verb.run(request)
+        status_verb(conf)
         click.echo(f"{'status:':13}ready")
     except CNIError as err:
         ready = False
@@ -90,22 +77,20 @@ def status(conf_path: str, bin_dir: str) -> None:
     raise SystemExit(0 if ready else 1)
 
 
-def _ipam_summary(request: Request) -> str:
-    ipam = request.config.get("ipam") or {}
-    if ipam.get("type") != "sluice-ipam":
-        return f"{ipam.get('type')} (delegated)"
+def _ipam_summary(conf: NetConf) -> str:
+    if isinstance(conf.ipam, DelegatedIPAM):
+        return f"{conf.ipam.plugin_type} (delegated)"
     try:
-        from ipam import config as ipam_config
-        from ipam.allocator import open_allocator
+        from ipam.errors import IPAMError
+        from ipam.modes import open_allocator
         from ipam.report import network_report
 
-        config = ipam_config.parse(request.network, request.config)
-        with open_allocator(config) as allocator:
+        with open_allocator(conf.ipam) as allocator:
             report = network_report(allocator)
-        stats, where = report["stats"], report.get("subnet") or report.get("pool")
-        return (
-            f"sluice-ipam {report['mode']} {where}: {stats['allocated']} allocated, "
-            f"{stats['free']} free (store {config.state_dir})"
-        )
-    except CNIError as err:
-        return f"sluice-ipam: {err.details}"
+    except IPAMError as err:
+        return f"sluice-ipam: {err}"
+    stats, where = report["stats"], report.get("subnet") or report.get("pool")
+    return (
+        f"sluice-ipam {report['mode']} {where}: {stats['allocated']} allocated, "
+        f"{stats['free']} free (store {conf.ipam.state_dir})"
+    )

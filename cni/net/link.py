@@ -1,41 +1,17 @@
-"""veth pairs: names, creation, lookup and removal.
-
-The node end of a pod's veth is named after the attachment, so DEL and GC find
-it without the pod's namespace, and its alias records which attachment it
-serves: ``sluice/<network>/<container id>/<ifname>``.
-"""
+"""Links, veth pairs in particular: creation, lookup, listing and removal."""
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from typing import Any
 
 from cni.net.netlink import IPRoute, NetlinkError, is_missing, kernel_op
+from cni.net.route import OUTSIDE_ADDRESS, output_interface
 
-NODE_VETH_PREFIX = "sl"
 # Every node-side veth carries the same MAC, so a pod's static neighbour entry
 # for its gateway never depends on which veth it got.
 NODE_VETH_MAC = "ee:ee:ee:ee:ee:ee"
-ALIAS_PREFIX = "sluice/"
 IFF_UP = 0x1
-
-
-def node_veth_name(container_id: str, ifname: str) -> str:
-    digest = hashlib.sha256(f"{container_id}/{ifname}".encode()).hexdigest()
-    return NODE_VETH_PREFIX + digest[:12]
-
-
-def attachment_alias(network: str, container_id: str, ifname: str) -> str:
-    return f"{ALIAS_PREFIX}{network}/{container_id}/{ifname}"
-
-
-def parse_alias(alias: str | None) -> tuple[str, str, str] | None:
-    """(network, container id, ifname) from a node-side veth alias, or None."""
-    if not alias or not alias.startswith(ALIAS_PREFIX):
-        return None
-    parts = alias[len(ALIAS_PREFIX) :].split("/")
-    return (parts[0], parts[1], parts[2]) if len(parts) == 3 else None
 
 
 @dataclass(frozen=True)
@@ -73,14 +49,13 @@ def _to_link(msg: Any) -> Link:
     )
 
 
-def attachment_links(ipr: IPRoute, network: str) -> list[tuple[Link, str, str]]:
-    """Node-side veths of ``network`` with their (container id, ifname)."""
+def links_with_alias(ipr: IPRoute, prefix: str) -> list[Link]:
+    """Every link whose alias starts with ``prefix``."""
     found = []
     for msg in ipr.link("dump"):
-        link = _to_link(msg)
-        owner = parse_alias(link.alias)
-        if owner and owner[0] == network:
-            found.append((link, owner[1], owner[2]))
+        alias = msg.get("IFLA_IFALIAS")
+        if alias and alias.startswith(prefix):
+            found.append(_to_link(msg))
     return found
 
 
@@ -123,9 +98,11 @@ def set_up(ipr: IPRoute, index: int, name: str) -> None:
 
 def default_route_mtu(ipr: IPRoute) -> int | None:
     """MTU of the interface carrying the node's default route, if there is one."""
-    for route in ipr.route("dump", family=2):
-        oif = route.get("RTA_OIF")
-        if route["dst_len"] == 0 and route.get("RTA_TABLE") == 254 and oif:
-            (msg,) = ipr.link("get", index=oif)
-            return msg.get("IFLA_MTU")
-    return None
+    try:
+        oif = output_interface(ipr, OUTSIDE_ADDRESS)
+    except NetlinkError:  # no route to the outside
+        return None
+    if oif is None:
+        return None
+    (msg,) = ipr.link("get", index=oif)
+    return msg.get("IFLA_MTU")

@@ -70,9 +70,19 @@ def add(network: str, cluster: ipaddress.IPv4Network, ips: Iterable[str]) -> Non
 
 
 def remove(network: str, ips: Iterable[str]) -> None:
-    """Remove pod addresses from the set; absent ones (or no table at all) are fine."""
-    for ip in ips:
-        _nft(f"delete element ip {table_name(network)} {SET} {{ {ip} }}\n", "remove masquerading")
+    """Remove pod addresses from the set; absent ones (or no table at all) are fine.
+
+    One nft run for all of them; only if that fails (one was absent, which
+    fails the whole transaction) is each tried on its own.
+    """
+    ips = list(ips)
+    if not ips:
+        return
+    table = table_name(network)
+    proc = _nft(f"delete element ip {table} {SET} {{ {', '.join(ips)} }}\n", "remove masquerading")
+    if proc.returncode != 0 and len(ips) > 1:
+        for ip in ips:
+            _nft(f"delete element ip {table} {SET} {{ {ip} }}\n", "remove masquerading")
 
 
 def contains(network: str, ip: str) -> bool:
@@ -80,12 +90,15 @@ def contains(network: str, ip: str) -> bool:
     return proc.returncode == 0
 
 
-def replace(network: str, cluster: ipaddress.IPv4Network, ips: Iterable[str]) -> None:
-    """Make the set hold exactly ``ips`` (GC), in one transaction."""
+def replace(network: str, cluster: ipaddress.IPv4Network | None, ips: Iterable[str]) -> None:
+    """Make the set hold exactly ``ips`` (GC), in one transaction; with ``cluster``
+    the table and chain are (re)created too, else they must exist."""
     ips = list(ips)
-    script = _setup(network, cluster) + f"flush set ip {table_name(network)} {SET}\n"
+    table = table_name(network)
+    script = _setup(network, cluster) if cluster is not None else ""
+    script += f"flush set ip {table} {SET}\n"
     if ips:
-        script += f"add element ip {table_name(network)} {SET} {{ {', '.join(ips)} }}\n"
+        script += f"add element ip {table} {SET} {{ {', '.join(ips)} }}\n"
     _apply(script, f"resynchronise masquerading for network {network!r}")
 
 

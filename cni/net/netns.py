@@ -14,6 +14,8 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from cni.errors import ERR_INVALID_ENV, CNIError
+
 CLONE_NEWNET = 0x40000000
 
 _libc: ctypes.CDLL | None = None
@@ -80,3 +82,30 @@ class Netns:
                 _setns(home)
         finally:
             os.close(home)
+
+
+def open_pod_netns(path: str) -> Netns:
+    """Open CNI_NETNS for wiring: it must exist, be a network namespace, and not be
+    the caller's own (a recycled /proc/PID path, say)."""
+    try:
+        netns = Netns(path)
+    except NetnsGone:
+        raise CNIError(ERR_INVALID_ENV, f'failed to open netns "{path}": no such file') from None
+    except OSError as err:
+        raise CNIError(ERR_INVALID_ENV, f'failed to open netns "{path}": {err.strerror}') from None
+    try:
+        if netns.is_current():
+            raise CNIError(
+                ERR_INVALID_ENV,
+                f'CNI_NETNS "{path}" is the plugin\'s own network '
+                "namespace; refusing to configure it",
+            )
+        with netns.entered():
+            pass
+    except NotANetns:
+        netns.close()
+        raise CNIError(ERR_INVALID_ENV, f'CNI_NETNS "{path}" is not a network namespace') from None
+    except BaseException:
+        netns.close()
+        raise
+    return netns

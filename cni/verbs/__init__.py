@@ -1,4 +1,7 @@
-"""One module per CNI verb; each exposes ``run(request) -> JSON or None``."""
+"""The CNI verbs as typed functions: ``add``, ``delete``, ``check``, ``status`` and
+``gc`` in their own modules, each with a ``run(request)`` that parses a runtime
+call into typed values first. The plugin, the agent and sluicectl call them.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ AGENT_REQUIRED = (
 
 
 def load_conf(request: Request) -> NetConf:
-    conf = netconf.load(request)
+    conf = netconf.from_request(request)
     log.setup(conf.log_file)
     return conf
 

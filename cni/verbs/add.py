@@ -7,12 +7,14 @@ entry or address behind.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
-import re
 import signal
+from collections.abc import Callable
 from typing import Any
 
 from cni import ipam_client, wiring
+from cni.attachment import Attachment
 from cni.datapath import loader
 from cni.errors import (
     ERR_INVALID_CONFIG,
@@ -23,103 +25,104 @@ from cni.errors import (
 )
 from cni.net import link, masq, sysctl
 from cni.net.netlink import IPRoute, pod_socket
-from cni.net.netns import Netns, NetnsGone, NotANetns
-from cni.protocol import Request, prev_result
-from cni.result import Interface, IPConfig, Result
+from cni.net.netns import open_pod_netns
+from cni.net.route import RouteSpec
+from cni.netconf import NetConf
+from cni.protocol import Request, prev_result, requested_mac
+from cni.result import Interface, IPConfig, Result, Route, chain
 from cni.verbs import load_conf, require_standalone
 
 log = logging.getLogger("sluice")
-MAC_PATTERN = re.compile(r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$")
+
+# Runs with the node-side veth's ifindex and the pod's addresses once the datapath
+# is attached and before the pair is up (the agent installs the pod's policy there).
+BeforeUp = Callable[[int, list[str]], None]
 
 
 def run(request: Request) -> dict[str, Any]:
     conf = load_conf(request)
     require_standalone(conf)
-    if conf.ip_masq and conf.cluster_cidr is None:
-        raise CNIError(
-            ERR_INVALID_CONFIG,
-            f'"ipMasq" needs "clusterCIDR" when the IPAM ({conf.ipam_type}) has no "subnet"',
-        )
-    prev = prev_result(request)
-    pod_mac = requested_mac(request)
     stop = StopRequest()
+    result = add(
+        conf, request.attachment, prev_result(request), requested_mac(request), stop=stop.check
+    )
+    stop.ignore()  # the pod is wired: finish and report it
+    return result.to_json(request.cni_version)
 
-    attachment = wiring.Attachment.of(request)
-    with open_pod_netns(request.netns) as netns, IPRoute() as node, pod_socket(netns) as pod:
-        if link.get_link(pod, request.ifname) is not None:
+
+def add(
+    conf: NetConf,
+    attachment: Attachment,
+    prev: Result | None = None,
+    mac: str | None = None,
+    *,
+    stop: Callable[[], None] = lambda: None,
+    before_up: BeforeUp | None = None,
+) -> Result:
+    """Wire the attachment and return its result chained onto ``prev``.
+
+    ``stop`` is called between steps and may raise to abort (everything done
+    so far is undone).
+    """
+    with (
+        open_pod_netns(attachment.netns) as netns,
+        IPRoute() as node,
+        pod_socket(netns) as pod,
+        ipam_client.client(conf.ipam, conf.cni_version) as ipam,
+    ):
+        if link.get_link(pod, attachment.ifname) is not None:
             raise CNIError(
                 ERR_INVALID_ENV,
-                f'interface "{request.ifname}" already exists in netns "{request.netns}"',
+                f'interface "{attachment.ifname}" already exists in netns "{attachment.netns}"',
             )
-        remove_leftover_veth(node, attachment, conf.bpf_dir)
+        remove_leftover_veth(node, conf, attachment)
         mtu = conf.mtu or link.default_route_mtu(node) or wiring.DEFAULT_MTU
         # Compiles only if nothing is pinned yet ("policy": "off" without an agent).
         loader.ensure_loaded(conf.bpf_dir)
-        ipam = ipam_client.for_request(request)
-        stop.check()
-        ipam_result, allocated = ipam.add()
+        stop()
+        ipam_result, allocated = ipam.add(attachment)
         try:
-            stop.check()
+            stop()
             addresses = pod_addresses(ipam_result)
-            routes = wiring.pod_routes(ipam_result.routes)
+            cluster = conf.cluster_cidr or ipaddress.IPv4Interface(addresses[0]).network
+            routes = wiring.pod_routes([route_spec(r) for r in ipam_result.routes])
             sysctl.ensure("net.ipv4.ip_forward", "1")
+            pair = wiring.VethPair(attachment.node_veth, attachment.alias, attachment.ifname)
+            hook = None
+            if before_up is not None:
+                ips = [a.split("/")[0] for a in addresses]
+                hook = lambda ifindex: before_up(ifindex, ips)  # noqa: E731
             node_link, pod_link = wiring.wire(
-                node, pod, netns, attachment, mtu, pod_mac, addresses, routes, conf.bpf_dir
+                node, pod, netns.fd, pair, mtu, mac, addresses, routes, conf.bpf_dir, hook
             )
-            stop.check()
-            if conf.ip_masq and conf.cluster_cidr is not None:
-                masq.add(conf.network, conf.cluster_cidr, [a.split("/")[0] for a in addresses])
+            stop()
+            if conf.ip_masq:
+                masq.add(conf.network, cluster, [a.split("/")[0] for a in addresses])
         except BaseException:
-            stop.ignore()
-            rollback(node, attachment, ipam, allocated, conf.bpf_dir)
+            rollback(node, conf, attachment, ipam, allocated)
             raise
-    stop.ignore()  # the pod is wired: finish and report it
 
     ours = Result(
-        request.cni_version,
+        conf.cni_version,
         interfaces=[
             Interface(node_link.name, node_link.mac, mtu),
-            Interface(pod_link.name, pod_link.mac, mtu, sandbox=request.netns),
+            Interface(pod_link.name, pod_link.mac, mtu, sandbox=attachment.netns),
         ],
         ips=[IPConfig(a, wiring.GATEWAY, interface=1) for a in addresses],
-        routes=routes,
+        routes=[result_route(r) for r in routes],
         dns=conf.dns if not conf.dns.is_empty() else ipam_result.dns,
     )
-    return merge(prev, ours).to_json(request.cni_version)
+    return chain(prev, ours)
 
 
-def open_pod_netns(path: str) -> Netns:
-    try:
-        netns = Netns(path)
-    except NetnsGone:
-        raise CNIError(ERR_INVALID_ENV, f'failed to open netns "{path}": no such file') from None
-    except OSError as err:
-        raise CNIError(ERR_INVALID_ENV, f'failed to open netns "{path}": {err.strerror}') from None
-    try:
-        if netns.is_current():
-            raise CNIError(
-                ERR_INVALID_ENV,
-                f'CNI_NETNS "{path}" is the plugin\'s own network '
-                "namespace; refusing to configure it",
-            )
-        with netns.entered():
-            pass
-    except NotANetns:
-        netns.close()
-        raise CNIError(ERR_INVALID_ENV, f'CNI_NETNS "{path}" is not a network namespace') from None
-    except BaseException:
-        netns.close()
-        raise
-    return netns
+def route_spec(route: Route) -> RouteSpec:
+    return RouteSpec(
+        route.dst, route.gw, route.mtu, route.advmss, route.priority, route.table, route.scope
+    )
 
 
-def requested_mac(request: Request) -> str | None:
-    mac = request.runtime_config("mac") or request.args.get("MAC")
-    if mac is None:
-        return None
-    if not isinstance(mac, str) or not MAC_PATTERN.match(mac):
-        raise CNIError(ERR_INVALID_CONFIG, f"invalid MAC address {mac!r} requested")
-    return mac.lower()
+def result_route(spec: RouteSpec) -> Route:
+    return Route(spec.dst, spec.gw, spec.mtu, spec.advmss, spec.priority, spec.table, spec.scope)
 
 
 def pod_addresses(ipam_result: Result) -> list[str]:
@@ -131,7 +134,7 @@ def pod_addresses(ipam_result: Result) -> list[str]:
     return [ip.address for ip in ipam_result.ips]
 
 
-def remove_leftover_veth(node: IPRoute, attachment: wiring.Attachment, bpf_dir: str) -> None:
+def remove_leftover_veth(node: IPRoute, conf: NetConf, attachment: Attachment) -> None:
     """A node-side veth of this very attachment, left by an ADD that was killed."""
     existing = link.get_link(node, attachment.node_veth)
     if existing is None:
@@ -143,46 +146,32 @@ def remove_leftover_veth(node: IPRoute, attachment: wiring.Attachment, bpf_dir: 
             f"{attachment.container_id!r} is taken by {existing.alias!r}",
         )
     log.warning("removing leftover veth %s of %s", existing.name, attachment.alias)
-    ips = wiring.unwire(node, attachment, bpf_dir)
-    if ips:
-        masq.remove(attachment.network, ips)
+    ips = wiring.node_routed_ips(node, existing)
+    wiring.unwire(node, existing, conf.bpf_dir)
+    masq.remove(conf.network, ips)
 
 
 def rollback(
     node: IPRoute,
-    attachment: wiring.Attachment,
+    conf: NetConf,
+    attachment: Attachment,
     ipam: ipam_client.IPAM,
     allocated: bool,
-    bpf_dir: str,
 ) -> None:
     """Best effort: each undo step runs even if an earlier one fails."""
     try:
-        ips = wiring.unwire(node, attachment, bpf_dir)
-        if ips:
-            masq.remove(attachment.network, ips)
+        veth = link.get_link(node, attachment.node_veth)
+        if veth is not None:
+            ips = wiring.node_routed_ips(node, veth)
+            wiring.unwire(node, veth, conf.bpf_dir)
+            masq.remove(conf.network, ips)
     except Exception as err:
         log.error("rollback of %s: failed to remove the veth: %s", attachment.alias, err)
     if allocated:
         try:
-            ipam.delete()
+            ipam.delete(attachment)
         except Exception as err:
             log.error("rollback of %s: failed to release the address: %s", attachment.alias, err)
-
-
-def merge(prev: Result | None, ours: Result) -> Result:
-    """Chain onto prevResult: keep what earlier plugins reported, append ours."""
-    if prev is None:
-        return ours
-    offset = len(prev.interfaces)
-    for ip in ours.ips:
-        ip.interface = None if ip.interface is None else ip.interface + offset
-    return Result(
-        ours.cni_version,
-        interfaces=prev.interfaces + ours.interfaces,
-        ips=prev.ips + ours.ips,
-        routes=prev.routes + ours.routes,
-        dns=ours.dns if not ours.dns.is_empty() else prev.dns,
-    )
 
 
 class StopRequest:
@@ -206,4 +195,5 @@ class StopRequest:
 
     def check(self) -> None:
         if self.signal is not None:
+            self.ignore()
             raise CNIError(ERR_TRY_AGAIN, f"ADD stopped by signal {self.signal}; rolled back")

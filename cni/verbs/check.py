@@ -2,22 +2,24 @@
 
 Checked: the pod interface (a veth, up, its MAC), its addresses, the routes
 through the gateway and the gateway's neighbour entry; the node-side veth,
-its label, its host routes, its datapath programs and endpoint entry; the
-masquerade entries; the IPAM reservation.
+its label, its routes to the pod, its datapath programs and endpoint entry;
+the masquerade entries; the IPAM reservation.
 Routes that later plugins added are tolerated.
 """
 
 from __future__ import annotations
 
 from cni import ipam_client, wiring
+from cni.attachment import Attachment
 from cni.datapath import endpoint
 from cni.errors import ERR_CHECK_FAILED, ERR_INVALID_CONFIG, CNIError
 from cni.net import addr, link, masq, route
 from cni.net.netlink import IPRoute, pod_socket
+from cni.net.netns import open_pod_netns
+from cni.netconf import NetConf
 from cni.protocol import Request, prev_result
 from cni.result import IPConfig, Result
 from cni.verbs import load_conf, require_standalone
-from cni.verbs.add import open_pod_netns
 
 
 def run(request: Request) -> None:
@@ -26,35 +28,41 @@ def run(request: Request) -> None:
     prev = prev_result(request)
     if prev is None:
         raise CNIError(ERR_INVALID_CONFIG, "CHECK needs the ADD result as prevResult")
-    index, expected_ips = pod_interface(prev, request)
+    check(conf, request.attachment, prev)
+
+
+def check(conf: NetConf, attachment: Attachment, prev: Result) -> None:
+    index, expected_ips = pod_interface(prev, attachment)
     expected = prev.interfaces[index]
-    attachment = wiring.Attachment.of(request)
     ips = [str(ip.ip) for ip in expected_ips]
 
-    with open_pod_netns(request.netns) as netns, pod_socket(netns) as pod:
-        check_pod(pod, request, expected.mac, expected_ips, prev)
+    with open_pod_netns(attachment.netns) as netns, pod_socket(netns) as pod:
+        check_pod(pod, attachment, expected.mac, expected_ips, prev)
     with IPRoute() as node:
         check_node(node, attachment, ips, conf.bpf_dir)
     if conf.ip_masq:
         missing = [ip for ip in ips if not masq.contains(conf.network, ip)]
         table = masq.table_name(conf.network)
         _require(not missing, f"the masquerade set of table {table} lacks {missing}")
-    ipam_client.for_request(request).check(expected_ips)
+    with ipam_client.client(conf.ipam, conf.cni_version) as ipam:
+        ipam.check(attachment, expected_ips)
 
 
-def pod_interface(prev: Result, request: Request) -> tuple[int, list[IPConfig]]:
+def pod_interface(prev: Result, attachment: Attachment) -> tuple[int, list[IPConfig]]:
     for index, iface in enumerate(prev.interfaces):
-        if iface.name == request.ifname and iface.sandbox == request.netns:
+        if iface.name == attachment.ifname and iface.sandbox == attachment.netns:
             return index, [ip for ip in prev.ips if ip.interface == index]
     raise CNIError(
         ERR_CHECK_FAILED,
-        f'prevResult has no interface "{request.ifname}" in netns "{request.netns}"',
+        f'prevResult has no interface "{attachment.ifname}" in netns "{attachment.netns}"',
     )
 
 
-def check_pod(pod: IPRoute, request: Request, mac: str, ips: list[IPConfig], prev: Result) -> None:
-    where = f'"{request.ifname}" in netns "{request.netns}"'
-    found = link.get_link(pod, request.ifname)
+def check_pod(
+    pod: IPRoute, attachment: Attachment, mac: str, ips: list[IPConfig], prev: Result
+) -> None:
+    where = f'"{attachment.ifname}" in netns "{attachment.netns}"'
+    found = link.get_link(pod, attachment.ifname)
     _require(found is not None, f"interface {where} is missing")
     assert found is not None
     _require(found.kind == "veth", f"interface {where} is a {found.kind or 'device'}, not a veth")
@@ -77,7 +85,7 @@ def check_pod(pod: IPRoute, request: Request, mac: str, ips: list[IPConfig], pre
             _require((r.dst, r.gw) in kernel, f"route {r.dst} via {r.gw} is missing on {where}")
 
 
-def check_node(node: IPRoute, attachment: wiring.Attachment, ips: list[str], bpf_dir: str) -> None:
+def check_node(node: IPRoute, attachment: Attachment, ips: list[str], bpf_dir: str) -> None:
     veth = link.get_link(node, attachment.node_veth)
     _require(veth is not None, f'node-side veth "{attachment.node_veth}" is missing')
     assert veth is not None

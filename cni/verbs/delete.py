@@ -10,40 +10,59 @@ address is never free while a route to it still exists.
 from __future__ import annotations
 
 from cni import ipam_client, wiring
-from cni.net import masq
+from cni.attachment import Attachment, parse_alias
+from cni.net import link, masq
 from cni.net.netlink import IPRoute
+from cni.netconf import NetConf
 from cni.protocol import Request, prev_result
+from cni.result import Result
 from cni.verbs import load_conf
 
 
 def run(request: Request) -> None:
     conf = load_conf(request)
-    attachment = wiring.Attachment.of(request)
-    ipam = ipam_client.for_request(request)
-    with IPRoute() as node:
-        ips = set(wiring.unwire(node, attachment, conf.bpf_dir)) | set(ipam.addresses())
-        # prevResult may be stale (a late DEL): skip an address another pod now has.
-        ips.update(
-            ip
-            for ip in prev_ips(request)
-            if ip not in ips and wiring.pod_routed_to(node, ip) is None
-        )
-    if conf.ip_masq and ips:
-        masq.remove(conf.network, sorted(ips))
-    ipam.delete()
-
-
-def prev_ips(request: Request) -> list[str]:
-    """Addresses prevResult gives the pod interface (used when the veth is already gone)."""
     try:
         prev = prev_result(request)
     except Exception:  # DEL is best effort: a broken prevResult must not block it
-        return []
+        prev = None
+    delete(conf, request.attachment, prev)
+
+
+def delete(conf: NetConf, attachment: Attachment, prev: Result | None = None) -> None:
+    with ipam_client.client(conf.ipam, conf.cni_version) as ipam:
+        _delete(conf, attachment, prev, ipam)
+
+
+def _delete(
+    conf: NetConf, attachment: Attachment, prev: Result | None, ipam: ipam_client.IPAM
+) -> None:
+    ips = set(ipam.addresses(attachment))
+    with IPRoute() as node:
+        veth = link.get_link(node, attachment.node_veth)
+        owner = parse_alias(veth.alias) if veth else None
+        if owner is not None and owner[0] != attachment.network:
+            veth = None  # a veth of another network with this name: not ours to touch
+        if veth is not None and not ips:
+            ips.update(wiring.node_routed_ips(node, veth))  # a delegated IPAM: ask the kernel
+        wiring.unwire(node, veth, conf.bpf_dir)
+        # prevResult may be stale (a late DEL): skip an address another pod now has.
+        ips.update(ip for ip in prev_ips(prev, attachment) if not _routed_elsewhere(node, ip))
+    if conf.ip_masq:
+        masq.remove(conf.network, sorted(ips))
+    ipam.delete(attachment)
+
+
+def _routed_elsewhere(node: IPRoute, ip: str) -> bool:
+    return parse_alias(wiring.routed_alias(node, ip)) is not None
+
+
+def prev_ips(prev: Result | None, attachment: Attachment) -> list[str]:
+    """Addresses prevResult gives the pod interface (used when the veth is already gone)."""
     if prev is None:
         return []
     indexes = {
         i
         for i, iface in enumerate(prev.interfaces)
-        if iface.name == request.ifname and iface.sandbox
+        if iface.name == attachment.ifname and iface.sandbox
     }
     return [str(ip.ip) for ip in prev.ips if ip.interface in indexes and ip.version == 4]

@@ -10,11 +10,12 @@ if another fails; the errors are reported together.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from cni import ipam_client, wiring
 from cni.datapath import endpoint
 from cni.errors import CNIError
-from cni.net import link, masq
+from cni.net import masq
 from cni.net.netlink import IPRoute
 from cni.netconf import NetConf
 from cni.protocol import Request, valid_attachments
@@ -25,25 +26,28 @@ log = logging.getLogger("sluice")
 
 def run(request: Request) -> None:
     valid = valid_attachments(request.config)
-    conf = load_conf(request)
+    gc(load_conf(request), valid)
+
+
+def gc(conf: NetConf, valid: set[tuple[str, str]]) -> None:
     errors: list[CNIError] = []
     remaining_ips: list[str] = []
     with IPRoute() as node:
-        for veth, container_id, ifname in link.attachment_links(node, conf.network):
-            if (container_id, ifname) in valid:
+        for key, veth in wiring.node_veths(node, conf.network).items():
+            if key in valid:
                 remaining_ips += wiring.node_routed_ips(node, veth)
                 continue
             try:
-                endpoint.detach(veth.index, conf.bpf_dir)
-                link.delete_link(node, veth.name)
-                log.info("gc: removed veth %s of %s/%s", veth.name, container_id, ifname)
+                wiring.unwire(node, veth, conf.bpf_dir)
+                log.info("gc: removed veth %s of %s/%s", veth.name, *key)
             except CNIError as err:
                 errors.append(err)
-    for step in (
-        lambda: ipam_client.for_request(request).gc(valid),
+    steps: list[Callable[[], None]] = [
+        lambda: _ipam_gc(conf, valid),
         lambda: _resync_masquerade(conf, remaining_ips),
         lambda: endpoint.sweep(conf.bpf_dir, endpoint.live_ifindexes()),
-    ):
+    ]
+    for step in steps:
         try:
             step()
         except CNIError as err:
@@ -52,8 +56,13 @@ def run(request: Request) -> None:
         raise CNIError(errors[0].code, "; ".join(err.details for err in errors))
 
 
+def _ipam_gc(conf: NetConf, valid: set[tuple[str, str]]) -> None:
+    with ipam_client.client(conf.ipam, conf.cni_version) as ipam:
+        ipam.gc(valid)
+
+
 def _resync_masquerade(conf: NetConf, remaining_ips: list[str]) -> None:
-    if not conf.ip_masq or conf.cluster_cidr is None:
+    if not conf.ip_masq:
         return
     if remaining_ips:
         masq.replace(conf.network, conf.cluster_cidr, remaining_ips)

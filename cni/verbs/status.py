@@ -6,15 +6,22 @@ asks every few seconds.
 
 from __future__ import annotations
 
+import importlib.util
+
 from cni import ipam_client
+from cni.datapath.maps import Datapath
 from cni.errors import ERR_NOT_AVAILABLE, CNIError
 from cni.net import masq
+from cni.netconf import NetConf
 from cni.protocol import Request
 from cni.verbs import AGENT_REQUIRED, load_conf
 
 
 def run(request: Request) -> None:
-    conf = load_conf(request)
+    status(load_conf(request))
+
+
+def status(conf: NetConf) -> None:
     if conf.policy == "enforce":
         raise CNIError(ERR_NOT_AVAILABLE, AGENT_REQUIRED)
     if conf.ip_masq and masq.nft_binary() is None:
@@ -24,13 +31,10 @@ def run(request: Request) -> None:
             ERR_NOT_AVAILABLE,
             f'the datapath is not loaded in "{conf.bpf_dir}" and bcc is not installed to load it',
         )
-    ipam_client.for_request(request).status()
+    with ipam_client.client(conf.ipam, conf.cni_version) as ipam:
+        ipam.status()
 
 
 def datapath_available(bpf_dir: str) -> bool:
-    import importlib.util
-
-    from cni.datapath.maps import Datapath
-
     with Datapath(bpf_dir) as datapath:
         return datapath.is_loaded() or importlib.util.find_spec("bcc") is not None

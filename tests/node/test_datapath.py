@@ -34,7 +34,7 @@ from tests.support.cni_run import (
     sluicectl,
 )
 
-PROBE = str(Path(__file__).resolve().parent / "support" / "netprobe.py")
+PROBE = str(Path(__file__).resolve().parents[1] / "support" / "netprobe.py")
 PYTHON = "/usr/bin/python3"
 
 

@@ -138,7 +138,9 @@ def test_ipam_check_finds_and_repairs_leaks(
     subprocess.run(["ip", "link", "del", results["leaked"]["interfaces"][0]["name"]], check=True)
     db = network.state_dir / "ipam" / f"{network.name}.db"
     with sqlite3.connect(db) as conn:
-        conn.execute("UPDATE allocations SET allocated_at = 0 WHERE container_id = 'leaked'")
+        conn.execute(
+            "UPDATE allocations SET allocated_at = 0, boot_id = '' WHERE container_id = 'leaked'"
+        )
         conn.execute("DELETE FROM allocations WHERE container_id = 'orphan'")
     found = json.loads(sluicectl("ipam", "check", "--conf", conf, "-o", "json").stdout)
     kinds = {f["kind"]: f["detail"] for f in found["findings"]}

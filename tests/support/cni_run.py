@@ -12,6 +12,8 @@ from typing import Any
 
 from pyroute2 import IPRoute
 
+from cni import wiring
+from cni.attachment import parse_alias
 from cni.invoke import Invocation, cni_env, invoke
 from cni.net import link, masq
 
@@ -131,7 +133,7 @@ class Network:
 
     def veths(self) -> list[str]:
         with IPRoute() as ipr:
-            return [veth.name for veth, _, _ in link.attachment_links(ipr, self.name)]
+            return [veth.name for veth in wiring.node_veths(ipr, self.name).values()]
 
     def allocations(self) -> dict[tuple[str, str], str]:
         """(container id, ifname) -> address, read straight from the store."""
@@ -163,7 +165,7 @@ class Network:
 
     def cleanup(self) -> None:
         with IPRoute() as ipr:
-            for veth, _, _ in link.attachment_links(ipr, self.name):
+            for veth in wiring.node_veths(ipr, self.name).values():
                 link.delete_link(ipr, veth.name)
         masq.drop(self.name)
 
@@ -225,7 +227,7 @@ def leftover_links(network_prefix: str) -> list[str]:
     with IPRoute() as ipr:
         found = []
         for msg in ipr.link("dump"):
-            owner = link.parse_alias(msg.get("IFLA_IFALIAS"))
+            owner = parse_alias(msg.get("IFLA_IFALIAS"))
             if owner and owner[0].startswith(network_prefix):
                 found.append(msg.get("IFLA_IFNAME"))
         return found

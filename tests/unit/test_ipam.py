@@ -18,9 +18,11 @@ from typing import Any
 
 import pytest
 
-from cni.errors import CNIError
 from ipam import config as ipam_config
-from ipam.allocator import Allocator, open_allocator
+from ipam.allocator import Allocator
+from ipam.clock import SimulatedClock
+from ipam.errors import NoAddress, StoreError
+from ipam.modes import open_allocator
 from ipam.prefix import PrefixAllocator
 from ipam.store import MIGRATIONS, SCHEMA_VERSION, store_path
 
@@ -28,7 +30,7 @@ from ipam.store import MIGRATIONS, SCHEMA_VERSION, store_path
 def make_config(
     tmp_path: Path, subnet: str = "10.9.0.0/24", **ipam: object
 ) -> ipam_config.NodeCIDRConfig:
-    config = ipam_config.parse(
+    config = ipam_config.from_plugin(
         "net1",
         {"stateDir": str(tmp_path), "ipam": {"type": "sluice-ipam", "subnet": subnet, **ipam}},
     )
@@ -44,10 +46,9 @@ def test_lowest_free_address_first_skipping_network_gateway_broadcast(tmp_path: 
     with open_allocator(make_config(tmp_path, "10.9.0.0/29")) as allocator:
         got = [str(allocator.allocate(f"c{i}", "eth0")[0].ip) for i in range(5)]
         assert got == ["10.9.0.2", "10.9.0.3", "10.9.0.4", "10.9.0.5", "10.9.0.6"]
-        with pytest.raises(CNIError) as err:
+        with pytest.raises(NoAddress) as err:
             allocator.allocate("c9", "eth0")
-        assert err.value.code == 102
-        assert "10.9.0.0/29" in err.value.details and "all 5" in err.value.details
+        assert "10.9.0.0/29" in str(err.value) and "all 5" in str(err.value)
         assert "all 5 are allocated" in (allocator.unavailable_reason() or "")
 
 
@@ -124,9 +125,9 @@ def test_a_newer_store_format_is_refused(tmp_path: Path) -> None:
     open_allocator(config).close()
     with sqlite3.connect(store_path(str(tmp_path), "net1")) as db:
         db.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
-    with pytest.raises(CNIError) as err:
+    with pytest.raises(StoreError) as err:
         open_allocator(config)
-    assert err.value.code == 103 and "newer" in err.value.details
+    assert "newer" in str(err.value)
 
 
 def test_store_is_durable_wal(tmp_path: Path) -> None:
@@ -155,8 +156,8 @@ WORKER = """
 import json, sys
 sys.path.insert(0, {root!r})
 from ipam import config
-from ipam.allocator import open_allocator
-conf = config.parse("net1", json.loads(sys.argv[4]))
+from ipam.modes import open_allocator
+conf = config.from_plugin("net1", json.loads(sys.argv[4]))
 name, rounds, keep = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "keep"
 i = 0
 while rounds < 0 or i < rounds:
@@ -208,7 +209,7 @@ def test_concurrent_processes_never_share_an_address(tmp_path: Path) -> None:
         proc.communicate(timeout=120)
         assert proc.returncode == 0
     assert len(held) == len(set(held)) == 240
-    with open_allocator(ipam_config.parse("net1", plugin)) as a:
+    with open_allocator(ipam_config.from_plugin("net1", plugin)) as a:
         assert sorted(ips(a)) == sorted(held)
 
 
@@ -228,7 +229,7 @@ def kill_workers_at_random(plugin: dict[str, Any], label: str) -> list[str]:
 
 def test_sigkill_at_any_point_loses_nothing_committed(tmp_path: Path) -> None:
     plugin = node_cidr_plugin(tmp_path)
-    config = ipam_config.parse("net1", plugin)
+    config = ipam_config.from_plugin("net1", plugin)
     for round_ in range(6):
         reported = kill_workers_at_random(plugin, f"r{round_}")
         with open_allocator(config) as allocator:
@@ -243,16 +244,6 @@ def test_sigkill_at_any_point_loses_nothing_committed(tmp_path: Path) -> None:
 
 
 # -- prefix mode -----------------------------------------------------------------
-
-
-class Clock:
-    """Simulated time, so cooldowns pass without sleeping."""
-
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def prefix_plugin(
@@ -271,9 +262,11 @@ def prefix_plugin(
     }
 
 
-def open_prefix(tmp_path: Path, clock: Clock | None = None, **kwargs: Any) -> PrefixAllocator:
-    config = ipam_config.parse("net1", prefix_plugin(tmp_path, **kwargs))
-    allocator = open_allocator(config, clock or Clock())
+def open_prefix(
+    tmp_path: Path, clock: SimulatedClock | None = None, **kwargs: Any
+) -> PrefixAllocator:
+    config = ipam_config.from_plugin("net1", prefix_plugin(tmp_path, **kwargs))
+    allocator = open_allocator(config, clock or SimulatedClock())
     assert isinstance(allocator, PrefixAllocator)
     return allocator
 
@@ -306,25 +299,25 @@ def test_prefix_keeps_a_warm_block(tmp_path: Path) -> None:
 
 
 def test_prefix_fills_the_fullest_block_first(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = SimulatedClock()
     with open_prefix(tmp_path, clock, warmPrefixes=0, cooldownSeconds=0) as allocator:
         for i in range(20):  # block A full, block B holds 4
             allocator.allocate(f"c{i}", "eth0")
         for i in (1, 2, 3):
             allocator.release(f"c{i}", "eth0")  # A now holds 13
-        clock.now += 1
+        clock.advance(1)
         got = [str(allocator.allocate(f"n{i}", "eth0")[0].ip) for i in range(3)]
         assert got == ["10.30.0.1", "10.30.0.2", "10.30.0.3"]  # A refilled, not B
 
 
 def test_prefix_returns_an_empty_block_after_cooldown(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = SimulatedClock()
     with open_prefix(tmp_path, clock, warmPrefixes=0, cooldownSeconds=120) as allocator:
         for i in range(17):
             allocator.allocate(f"c{i}", "eth0")
         allocator.release("c16", "eth0")  # the second block is empty but cooling
         assert held(allocator) == ["10.30.0.0/28", "10.30.0.16/28"]
-        clock.now += 121
+        clock.advance(121)
         allocator.gc({(f"c{i}", "eth0") for i in range(16)})
         assert held(allocator) == ["10.30.0.0/28"]
         assert [c.block for c in allocator.claims.claims()] == [
@@ -333,7 +326,7 @@ def test_prefix_returns_an_empty_block_after_cooldown(tmp_path: Path) -> None:
 
 
 def test_prefix_keeps_the_warm_reserve_when_draining(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = SimulatedClock()
     with open_prefix(tmp_path, clock, warmPrefixes=1, cooldownSeconds=0) as allocator:
         for i in range(40):
             allocator.allocate(f"c{i}", "eth0")
@@ -354,10 +347,10 @@ def test_fragmented_pool_gives_a_clear_error_and_stats(tmp_path: Path) -> None:
             b.allocate(f"b{i}", "eth0")
         for i in range(17, 32):
             a.allocate(f"a{i}", "eth0")
-        with pytest.raises(CNIError) as err:
+        with pytest.raises(NoAddress) as err:
             a.allocate("one-more", "eth0")
         message = "pool 10.30.0.0/26 has 15 free addresses but no free aligned /28"
-        assert err.value.code == 102 and err.value.details == message
+        assert str(err.value) == message
         assert a.unavailable_reason() == message
         assert b.unavailable_reason() is None  # b still has room in its own block
         stats = network_report(a)["stats"]
@@ -410,7 +403,7 @@ def test_prefix_mode_concurrency_and_kills_across_nodes(tmp_path: Path) -> None:
     blocks: list[str] = []
     for plugin in plugins:
         with open_allocator(
-            ipam_config.parse("net1", {k: v for k, v in plugin.items() if k != "label"})
+            ipam_config.from_plugin("net1", {k: v for k, v in plugin.items() if k != "label"})
         ) as allocator:
             assert isinstance(allocator, PrefixAllocator)
             mine = held(allocator)
@@ -425,7 +418,7 @@ def test_prefix_mode_concurrency_and_kills_across_nodes(tmp_path: Path) -> None:
 
 
 def test_a_recorded_block_without_its_claim_is_dropped_or_claimed_again(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = SimulatedClock()
     with open_prefix(tmp_path, clock, warmPrefixes=1, cooldownSeconds=0) as allocator:
         allocator.allocate("c0", "eth0")
         busy_block, empty_block = (ipaddress.IPv4Network(b) for b in held(allocator))

@@ -1,0 +1,23 @@
+"""Opening a network's allocator: the mode its configuration names, on its store."""
+
+from __future__ import annotations
+
+from ipam.allocator import Allocator
+from ipam.clock import Clock, SystemClock
+from ipam.config import NodeCIDRConfig, PrefixConfig
+from ipam.nodecidr import NodeCIDRAllocator
+from ipam.prefix import PrefixAllocator
+from ipam.store import Store, store_path
+
+
+def open_allocator(config: NodeCIDRConfig | PrefixConfig, clock: Clock | None = None) -> Allocator:
+    """The allocator for ``config``; close it (or use ``with``) when done."""
+    clock = clock or SystemClock()
+    store = Store(store_path(config.state_dir, config.network), config.network)
+    try:
+        if isinstance(config, PrefixConfig):
+            return PrefixAllocator(config, store, clock)
+        return NodeCIDRAllocator(config, store, clock)
+    except BaseException:
+        store.close()
+        raise
