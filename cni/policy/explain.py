@@ -76,12 +76,14 @@ def verdict(
     rules = resolved.rules(direction)
     if rules is None:
         return Verdict(True, "not isolated: default allow")
+    names = ", ".join(_name(key) for key in resolved.policies(direction))
+    if ipaddress.ip_address(peer_address).version == 6:
+        return Verdict(False, f"isolated by policies [{names}]; IPv6 is dropped (IPv4 datapath)")
     for rule, origin in zip(rules, resolved.origins(direction), strict=True):
         if rule_allows(rule, peer_address, port, protocol):
             if origin.policy is None:
                 return Verdict(True, "a pod may always reach itself")
             return Verdict(True, f"allowed by {origin}", origin.policy, origin.rule_index)
-    names = ", ".join(_name(key) for key in resolved.policies(direction))
     return Verdict(False, f"isolated by policies [{names}]; no rule allows it")
 
 

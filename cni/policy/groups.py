@@ -15,11 +15,11 @@ policies (and so which pods' policies) it touched.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import bisect
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from cni.datapath.policy import PeerCIDR
 from cni.policy.model import LabelSelector, Pod, PodKey, PolicyKey
 from cni.policy.selectors import PodGroup, selector_matches
 from cni.policy.store import ObjectStore
@@ -32,8 +32,22 @@ class _Group:
     members: set[PodKey]
     peer_of: set[PolicyKey] = field(default_factory=set)
     target_of: set[PolicyKey] = field(default_factory=set)
-    # The members' addresses as datapath peers, in pod order; None: recompute.
-    peers: tuple[PeerCIDR, ...] | None = None
+    # Values computed from the members (their peers, their named ports), kept
+    # until the members or their addresses or ports change.
+    derived: dict[Hashable, object] = field(default_factory=dict)
+    # The members in key order (sorting 10,000 keys takes milliseconds, a
+    # single insertion microseconds); None: sort when next asked.
+    ordered: list[PodKey] | None = None
+
+    def add(self, key: PodKey) -> None:
+        self.members.add(key)
+        if self.ordered is not None:
+            bisect.insort(self.ordered, key)
+
+    def remove(self, key: PodKey) -> None:
+        self.members.discard(key)
+        if self.ordered is not None:
+            del self.ordered[bisect.bisect_left(self.ordered, key)]
 
 
 @dataclass(slots=True, eq=False)
@@ -55,14 +69,19 @@ class PodGroups:
     def members(self, group: PodGroup) -> set[PodKey]:
         return self._groups[group].members
 
+    def ordered_members(self, group: PodGroup) -> list[PodKey]:
+        """The members in key order (do not modify)."""
+        state = self._groups[group]
+        if state.ordered is None:
+            state.ordered = sorted(state.members)
+        return state.ordered
+
     def peer_users(self, group: PodGroup) -> set[PolicyKey]:
         return self._groups[group].peer_of
 
-    def cached_peers(self, group: PodGroup) -> tuple[PeerCIDR, ...] | None:
-        return self._groups[group].peers
-
-    def cache_peers(self, group: PodGroup, peers: tuple[PeerCIDR, ...]) -> None:
-        self._groups[group].peers = peers
+    def derived(self, group: PodGroup) -> dict[Hashable, object]:
+        """A cache for values computed from the group's members; emptied when they change."""
+        return self._groups[group].derived
 
     def selection_count(self) -> int:
         return len(self._selections)
@@ -140,12 +159,12 @@ class PodGroups:
             now = new is not None and selector_matches(group.pod_selector, new.labels)
             if was != now:
                 if now:
-                    state.members.add(key)
+                    state.add(key)
                 else:
-                    state.members.discard(key)
+                    state.remove(key)
             elif not (now and data_changed):
                 continue
-            state.peers = None
+            state.derived.clear()
             changed.add(group)
         return changed
 
@@ -177,6 +196,7 @@ class PodGroups:
                     joining = {key for key in state.members if key[0] == name}
                     state.members -= joining
                 if joining:
-                    state.peers = None
+                    state.ordered = None
+                    state.derived.clear()
                     changed.add(group)
         return changed

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from itertools import chain
+from typing import cast
 
 from cni.datapath.policy import AllowRule, EndpointPolicy, PeerCIDR
 from cni.policy.groups import PodGroups, Role
@@ -44,8 +46,10 @@ from cni.policy.model import (
 )
 from cni.policy.rules import (
     CompiledPolicy,
+    NamedPorts,
     RuleOrigin,
     compile_policy,
+    named_allows,
     peer_groups,
     pod_peers,
 )
@@ -100,6 +104,7 @@ class PolicyIndex:
         self.store = ObjectStore()
         self.groups = PodGroups(self.store)
         self._local: set[PodKey] = set()
+        # Every pod's addresses as datapath peers, shared by every rule that has the pod.
         self._pod_peers: dict[PodKey, tuple[PeerCIDR, ...]] = {}
         self._compiled: dict[PolicyKey, CompiledPolicy] = {}
         self._resolved: dict[PodKey, ResolvedPolicy] = {}
@@ -156,9 +161,10 @@ class PolicyIndex:
             return NOTHING
         new_namespace = not self.store.namespace_exists(pod.namespace)
         self.store.put_pod(pod)
+        if old is None or old.ips != pod.ips:
+            self._pod_peers[pod.key] = pod_peers(pod)
         changed = self.groups.namespace_changed(pod.namespace) if new_namespace else set()
         changed |= self.groups.pod_changed(old, pod)
-        self._pod_peers.pop(pod.key, None)
         affected = self._users_of(changed)
         if old is not None and pod.key in self._local:
             affected.add(pod.key)  # its labels, addresses or ports changed
@@ -258,21 +264,42 @@ class PolicyIndex:
     # Peers, for compiling (rules.PeerSource).
 
     def pod_peers(self, pod: Pod) -> tuple[PeerCIDR, ...]:
-        peers = self._pod_peers.get(pod.key)
-        if peers is None:
-            peers = self._pod_peers[pod.key] = pod_peers(pod)
-        return peers
+        return self._pod_peers[pod.key]
 
-    def group_pods(self, group: PodGroup) -> list[Pod]:
-        pods = (self.store.pod(key) for key in sorted(self.groups.members(group)))
+    def members(self, group: PodGroup) -> set[PodKey]:
+        return self.groups.members(group)
+
+    def pods_of(self, keys: Iterable[PodKey]) -> list[Pod]:
+        pods = (self.store.pod(key) for key in sorted(keys))
         return [pod for pod in pods if pod is not None]
 
-    def group_peers(self, group: PodGroup) -> tuple[PeerCIDR, ...]:
-        peers = self.groups.cached_peers(group)
+    def group_pods(self, group: PodGroup) -> list[Pod]:
+        pods = map(self.store.pod, self.groups.ordered_members(group))
+        return [pod for pod in pods if pod is not None]
+
+    def peers_of(self, keys: set[PodKey]) -> tuple[PeerCIDR, ...]:
+        return self._peers_in_order(sorted(keys))
+
+    def _peers_in_order(self, keys: list[PodKey]) -> tuple[PeerCIDR, ...]:
+        # The hot path of a broad selector's change: C-level iteration only.
+        return tuple(chain.from_iterable(map(self._pod_peers.__getitem__, keys)))
+
+    def group_peers(
+        self, group: PodGroup, extra: tuple[PeerCIDR, ...] = ()
+    ) -> tuple[PeerCIDR, ...]:
+        derived = self.groups.derived(group)
+        peers = derived.get(("peers", extra))
         if peers is None:
-            peers = tuple(p for pod in self.group_pods(group) for p in self.pod_peers(pod))
-            self.groups.cache_peers(group, peers)
-        return peers
+            own = self._peers_in_order(self.groups.ordered_members(group))
+            peers = derived[("peers", extra)] = own + extra
+        return cast(tuple[PeerCIDR, ...], peers)
+
+    def named_allows(self, group: PodGroup, named: NamedPorts) -> tuple[AllowRule, ...]:
+        derived = self.groups.derived(group)
+        allows = derived.get(named)
+        if allows is None:
+            allows = derived[named] = named_allows(self.group_pods(group), named, self.pod_peers)
+        return cast(tuple[AllowRule, ...], allows)
 
     def compiled(self, key: PolicyKey) -> CompiledPolicy:
         compiled = self._compiled.get(key)

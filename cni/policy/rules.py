@@ -24,9 +24,10 @@ selects, so a policy is compiled once and shared by all its target pods.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import functools
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeAlias
 
 from cni.datapath.policy import AllowRule, PeerCIDR, Ports
 from cni.policy.model import (
@@ -34,19 +35,47 @@ from cni.policy.model import (
     Direction,
     NetworkPolicy,
     Pod,
+    PodKey,
     PolicyKey,
     PolicyPort,
     PolicyRule,
 )
 from cni.policy.selectors import ALL_PODS, AddressBlock, PodGroup, peer_group
 
+NamedPorts: TypeAlias = tuple[tuple[str, str], ...]  # (port name, protocol)
+
 
 class PeerSource(Protocol):
     """What compiling needs from the resolver's state."""
 
-    def group_peers(self, group: PodGroup) -> tuple[PeerCIDR, ...]: ...
+    def group_peers(
+        self, group: PodGroup, extra: tuple[PeerCIDR, ...] = ()
+    ) -> tuple[PeerCIDR, ...]:
+        """The group's pods' addresses, in pod order, then ``extra`` (kept as one tuple,
+        shared by every rule that has the same group and extra peers)."""
+        ...
 
-    def group_pods(self, group: PodGroup) -> Sequence[Pod]: ...
+    def group_pods(self, group: PodGroup) -> Sequence[Pod]:
+        """The group's pods, in key order."""
+        ...
+
+    def members(self, group: PodGroup) -> set[PodKey]: ...
+
+    def pods_of(self, keys: set[PodKey]) -> Sequence[Pod]:
+        """These pods, in key order."""
+        ...
+
+    def pod_peers(self, pod: Pod) -> tuple[PeerCIDR, ...]:
+        """The pod's addresses as peers."""
+        ...
+
+    def peers_of(self, keys: set[PodKey]) -> tuple[PeerCIDR, ...]:
+        """These pods' addresses, in pod order."""
+        ...
+
+    def named_allows(self, group: PodGroup, named: NamedPorts) -> tuple[AllowRule, ...]:
+        """``named_allows`` of the group's pods."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +98,7 @@ class CompiledRule:
     allows: tuple[AllowRule, ...]  # the same for every target pod
     # Ingress named ports, resolved per target pod; they apply to ``peers``
     # (() is any peer) together with the rule's numbered ``ports``.
-    named_ports: tuple[tuple[str, str], ...] = ()
+    named_ports: NamedPorts = ()
     peers: tuple[PeerCIDR, ...] = ()
     ports: tuple[Ports, ...] = ()
 
@@ -108,8 +137,30 @@ def _numbered(port: PolicyPort) -> Ports:
     return Ports(port.protocol.lower(), port.port, port.end_port or port.port)
 
 
-def _dedupe(items: Iterable[PeerCIDR]) -> tuple[PeerCIDR, ...]:
-    return tuple(dict.fromkeys(items))
+def _rule_peers(
+    policy: NetworkPolicy, rule: PolicyRule, source: PeerSource
+) -> tuple[PeerCIDR, ...]:
+    """The addresses of a rule's peers: selected pods (in pod order, each once), then ipBlocks."""
+    groups = list(
+        dict.fromkeys(
+            group
+            for peer in rule.peers
+            if (group := peer_group(policy.namespace, peer)) is not None
+        )
+    )
+    blocks = tuple(
+        dict.fromkeys(
+            PeerCIDR(peer.ip_block.cidr, peer.ip_block.excepts)
+            for peer in rule.peers
+            if peer.ip_block is not None and ":" not in peer.ip_block.cidr  # IPv4 datapath
+        )
+    )
+    if len(groups) == 1:
+        return source.group_peers(groups[0], blocks)
+    if groups:
+        # Overlapping groups: each pod once, deduplicated by key (cheaper than by address).
+        return source.peers_of(set().union(*(source.members(g) for g in groups))) + blocks
+    return blocks
 
 
 def _needs_all_pods(direction: Direction, rule: PolicyRule) -> bool:
@@ -153,16 +204,7 @@ def _compile_rule(
     policy: NetworkPolicy, direction: Direction, index: int, rule: PolicyRule, source: PeerSource
 ) -> CompiledRule:
     origin = RuleOrigin(direction, policy.key, index)
-    cidrs: list[PeerCIDR] = []
-    for peer in rule.peers:
-        if peer.ip_block is not None:
-            if ":" not in peer.ip_block.cidr:
-                cidrs.append(PeerCIDR(peer.ip_block.cidr, peer.ip_block.excepts))
-        else:
-            group = peer_group(policy.namespace, peer)
-            assert group is not None
-            cidrs.extend(source.group_peers(group))
-    peers = _dedupe(cidrs) if len(rule.peers) > 1 else tuple(cidrs)
+    peers = _rule_peers(policy, rule, source)
     reachable = not rule.peers or bool(peers)
 
     if not rule.ports:
@@ -182,42 +224,61 @@ def _compile_rule(
 
 
 def _named_egress(
-    policy: NetworkPolicy,
-    rule: PolicyRule,
-    named: tuple[tuple[str, str], ...],
-    source: PeerSource,
+    policy: NetworkPolicy, rule: PolicyRule, named: NamedPorts, source: PeerSource
 ) -> tuple[AllowRule, ...]:
     """Allow rules for egress named ports: each peer pod's own port of that name."""
-    found: dict[tuple[str, str], tuple[Pod, list[str]]] = {}  # pod key -> pod, peer addresses
-
-    def add(pods: Iterable[Pod], block: AddressBlock | None = None) -> None:
-        for pod in pods:
-            ips = [ip for ip in pod.ips if ":" not in ip and (block is None or block.contains(ip))]
-            if ips:
-                found.setdefault(pod.key, (pod, []))[1].extend(ips)
-
-    if not rule.peers:
-        add(source.group_pods(ALL_PODS))
-    for peer in rule.peers:
-        if peer.ip_block is not None:
-            if ":" not in peer.ip_block.cidr:
-                add(source.group_pods(ALL_PODS), AddressBlock.of(peer.ip_block))
-        else:
-            group = peer_group(policy.namespace, peer)
-            assert group is not None
-            add(source.group_pods(group))
-
-    by_ports: dict[tuple[Ports, ...], list[PeerCIDR]] = {}
-    for key in sorted(found):
-        pod, ips = found[key]
-        ports = tuple(
-            dict.fromkeys(
-                Ports(protocol.lower(), port.port, port.port)
-                for name, protocol in named
-                for port in pod.ports
-                if port.name == name and port.protocol == protocol
-            )
+    groups = list(
+        dict.fromkeys(
+            group
+            for peer in rule.peers
+            if (group := peer_group(policy.namespace, peer)) is not None
         )
-        if ports:
-            by_ports.setdefault(ports, []).extend(PeerCIDR(f"{ip}/32") for ip in dict.fromkeys(ips))
+    )
+    blocks = [
+        AddressBlock.of(peer.ip_block)
+        for peer in rule.peers
+        if peer.ip_block is not None and ":" not in peer.ip_block.cidr
+    ]
+    if len(groups) == 1 and len(rule.peers) == 1:
+        return source.named_allows(groups[0], named)  # cached, shared by every rule that has it
+    selected: set[PodKey] = set().union(*(source.members(g) for g in groups))
+
+    def peers_of(pod: Pod) -> tuple[PeerCIDR, ...]:
+        own = source.pod_peers(pod)
+        if not rule.peers or pod.key in selected:
+            return own
+        # Only the addresses inside an ipBlock are that block's peers.
+        return tuple(p for p in own if any(b.contains(p.cidr[:-3]) for b in blocks))
+
+    if rule.peers and not blocks:
+        pods: Sequence[Pod] = source.pods_of(selected)
+    else:
+        pods = source.group_pods(ALL_PODS)  # any pod may be inside a block, or any peer
+    return named_allows(pods, named, peers_of)
+
+
+@functools.lru_cache(maxsize=4096)
+def _single_port(protocol: str, port: int) -> Ports:
+    return Ports(protocol.lower(), port, port)  # shared: many pods have the same port
+
+
+def named_allows(
+    pods: Iterable[Pod], named: NamedPorts, peers_of: Callable[[Pod], tuple[PeerCIDR, ...]]
+) -> tuple[AllowRule, ...]:
+    """One AllowRule per distinct set of ports the names resolve to, with the pods
+    (their addresses from ``peers_of``) that resolve to it, in pod order."""
+    by_ports: dict[tuple[Ports, ...], list[PeerCIDR]] = {}
+    for pod in pods:
+        ports = [
+            _single_port(protocol, port.port)
+            for name, protocol in named
+            for port in pod.ports
+            if port.name == name and port.protocol == protocol
+        ]
+        if not ports:
+            continue
+        peers = peers_of(pod)
+        if peers:
+            key = tuple(dict.fromkeys(ports)) if len(ports) > 1 else tuple(ports)
+            by_ports.setdefault(key, []).extend(peers)
     return tuple(AllowRule(tuple(peers), ports) for ports, peers in by_ports.items())

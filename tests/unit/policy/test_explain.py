@@ -84,6 +84,8 @@ def test_verdict_reasons() -> None:
     assert verdict(index, ("y", "a"), "ingress", "1.2.3.4", 1, "UDP").reason == (
         "not isolated: default allow"
     )
+    ipv6 = verdict(index, X_A, "ingress", "fd00::1", 80, "TCP")
+    assert not ipv6.allowed and "IPv6 is dropped" in ipv6.reason
     assert verdict(index, X_A, "egress", "10.2.0.2", 80, "TCP").to_dict() == {
         "allowed": False,
         "reason": "isolated by policies [x/deny-egress]; no rule allows it",
