@@ -25,30 +25,27 @@ import gc
 import ipaddress
 import random
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from cni.policy.model import (  # noqa: E402
+from cni.policy.model import (
     NAMESPACE_NAME_LABEL,
     ContainerPort,
     IPBlock,
+    KubeObject,
     LabelSelector,
     Namespace,
     NetworkPolicy,
     Peer,
     Pod,
-    PodKey,
     PolicyPort,
     PolicyRule,
     Requirement,
     labels_of,
 )
-from cni.policy.resolve import PolicyIndex  # noqa: E402
+from cni.policy.resolve import PolicyIndex
 
 APPS = 10
 TIERS = ("web", "api", "db")
@@ -197,10 +194,10 @@ def timed(action: Callable[[], object]) -> tuple[float, object]:
     return time.perf_counter() - start, result
 
 
-def apply_and_resolve(index: PolicyIndex, action: Callable[[], frozenset[PodKey]]) -> tuple:
-    """Time of the update plus re-resolving what it names; the number named."""
+def apply_and_resolve(index: PolicyIndex, obj: KubeObject) -> tuple[float, int]:
+    """Time to upsert ``obj`` and resolve the local pods it names again; how many it names."""
     start = time.perf_counter()
-    affected = action()
+    affected = index.upsert(obj)
     for key in affected:
         if index.pod(key) is not None:
             index.resolve(key)
@@ -269,18 +266,14 @@ def main() -> None:
         labels = dict(current.labels)
         app = rng.randrange(APPS)  # the pod becomes another app, maybe of another tier
         labels.update(app=f"app-{app}", tier=TIERS[app % 3])
-        label_changes.append(
-            apply_and_resolve(
-                index, lambda p=current, l=labels: index.upsert_pod(replace(p, labels=labels_of(l)))
-            )
-        )
+        label_changes.append(apply_and_resolve(index, replace(current, labels=labels_of(labels))))
     report("pod label change", label_changes)
 
     new_pods = []
     for i in range(args.rounds):
         template = rng.choice(all_pods)
         new = replace(template, name=f"new-{i}", ips=(f"10.200.0.{i + 1}",))
-        new_pods.append(apply_and_resolve(index, lambda p=new: index.upsert_pod(p)))
+        new_pods.append(apply_and_resolve(index, new))
     report("new pod (added as a peer)", new_pods)
 
     namespace_changes = []
@@ -289,12 +282,7 @@ def main() -> None:
         labels = dict(namespace.labels)
         labels["team"] = f"t{rng.randrange(10)}"
         namespace_changes.append(
-            apply_and_resolve(
-                index,
-                lambda n=namespace, l=labels: index.upsert_namespace(
-                    replace(n, labels=labels_of(l))
-                ),
-            )
+            apply_and_resolve(index, replace(namespace, labels=labels_of(labels)))
         )
     report("namespace label change", namespace_changes)
 
@@ -302,7 +290,7 @@ def main() -> None:
     for _ in range(args.rounds):
         policy = rng.choice(all_policies)
         changed = replace(policy, pod_selector=select(app=f"app-{rng.randrange(APPS)}"))
-        policy_changes.append(apply_and_resolve(index, lambda p=changed: index.upsert_policy(p)))
+        policy_changes.append(apply_and_resolve(index, changed))
     report("policy change", policy_changes)
 
     gc.collect()
