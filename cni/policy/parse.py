@@ -131,9 +131,8 @@ class _Reader:
                 + ", starting and ending with a letter or digit",
             )
 
-    def label_key(self, key: object, path: str) -> str:
-        self.string(key, path)
-        assert isinstance(key, str)
+    def label_key(self, value: object, path: str) -> str:
+        key = self.string(value, path)
         parts = key.split("/")
         name = parts[-1]
         bad_prefix = len(parts) > 2 or (
@@ -250,54 +249,47 @@ def parse_namespace(obj: Mapping[str, Any]) -> Namespace:
     return Namespace(sys.intern(name), labels_of(pairs))
 
 
-def parse_pod(obj: Mapping[str, Any]) -> Pod:
-    reader = _Reader("Pod")
-    _api_version(reader, reader.mapping(obj, ""))
-    namespace, name = reader.metadata(obj, namespaced=True)
-    labels = reader.labels(obj["metadata"].get("labels"), "metadata.labels")
-    spec = reader.mapping(obj.get("spec"), "spec")
-    status = reader.mapping(obj.get("status"), "status")
+def _container_ports(reader: _Reader, spec: Mapping[str, Any]) -> tuple[ContainerPort, ...]:
     ports = []
     for c, container in enumerate(reader.items(spec.get("containers"), "spec.containers")):
         at = f"spec.containers[{c}]"
         container = reader.mapping(container, at)
         for p, port in enumerate(reader.items(container.get("ports"), f"{at}.ports")):
-            port_at = f"{at}.ports[{p}]"
-            port = reader.mapping(port, port_at)
-            port_name = port.get("name")
-            ports.append(
-                ContainerPort(
-                    name=""
-                    if port_name is None
-                    else reader.port_name(
-                        reader.string(port_name, f"{port_at}.name"), f"{port_at}.name"
-                    ),
-                    port=reader.integer(
-                        port.get("containerPort"), f"{port_at}.containerPort", 1, 65535
-                    ),
-                    protocol=reader.protocol(port.get("protocol"), f"{port_at}.protocol"),
-                )
-            )
-    ips: list[str] = []
-    pod_ips = reader.items(status.get("podIPs"), "status.podIPs")
-    for i, entry in enumerate(pod_ips):
-        ips.append(
-            reader.ip(
-                reader.mapping(entry, f"status.podIPs[{i}]").get("ip"), f"status.podIPs[{i}].ip"
-            )
-        )
+            at_port = f"{at}.ports[{p}]"
+            port = reader.mapping(port, at_port)
+            name = port.get("name")
+            if name is not None:
+                name = reader.port_name(reader.string(name, f"{at_port}.name"), f"{at_port}.name")
+            number = reader.integer(port.get("containerPort"), f"{at_port}.containerPort", 1, 65535)
+            protocol = reader.protocol(port.get("protocol"), f"{at_port}.protocol")
+            ports.append(ContainerPort(name or "", number, protocol))
+    return tuple(ports)
+
+
+def _pod_ips(reader: _Reader, status: Mapping[str, Any]) -> tuple[str, ...]:
+    if status.get("phase") in TERMINATED_PHASES:
+        return ()
+    ips = []
+    for i, entry in enumerate(reader.items(status.get("podIPs"), "status.podIPs")):
+        at = f"status.podIPs[{i}]"
+        ips.append(reader.ip(reader.mapping(entry, at).get("ip"), f"{at}.ip"))
     if not ips and status.get("podIP"):
         ips.append(reader.ip(status["podIP"], "status.podIP"))
-    if status.get("phase") in TERMINATED_PHASES:
-        ips = []
-    node_name = spec.get("nodeName") or ""
+    return tuple(dict.fromkeys(ips))
+
+
+def parse_pod(obj: Mapping[str, Any]) -> Pod:
+    reader = _Reader("Pod")
+    _api_version(reader, reader.mapping(obj, ""))
+    namespace, name = reader.metadata(obj, namespaced=True)
+    spec = reader.mapping(obj.get("spec"), "spec")
     return Pod(
         namespace=namespace,
         name=name,
-        labels=labels,
-        ips=tuple(dict.fromkeys(ips)),
-        node_name=sys.intern(reader.string(node_name, "spec.nodeName")),
-        ports=tuple(ports),
+        labels=reader.labels(obj["metadata"].get("labels"), "metadata.labels"),
+        ips=_pod_ips(reader, reader.mapping(obj.get("status"), "status")),
+        node_name=sys.intern(reader.string(spec.get("nodeName") or "", "spec.nodeName")),
+        ports=_container_ports(reader, spec),
         host_network=reader.boolean(spec.get("hostNetwork"), "spec.hostNetwork"),
     )
 
