@@ -83,9 +83,6 @@ class PodGroups:
         """A cache for values computed from the group's members; emptied when they change."""
         return self._groups[group].derived
 
-    def selection_count(self) -> int:
-        return len(self._selections)
-
     # Use by policies.
 
     def acquire(self, group: PodGroup, policy: PolicyKey, role: Role) -> None:

@@ -304,11 +304,12 @@ def _ip_block(reader: _Reader, value: object, path: str) -> IPBlock:
         at = f"{path}.except[{i}]"
         excepted = reader.cidr(text, at)
         # The API server's rule: a strict subset of cidr.
-        if (
-            excepted.version != network.version
-            or not excepted.subnet_of(network)  # type: ignore[arg-type]
-            or excepted.prefixlen <= network.prefixlen
-        ):
+        inside = (
+            excepted.version == network.version
+            and excepted.network_address in network
+            and excepted.prefixlen > network.prefixlen
+        )
+        if not inside:
             reader.fail(at, text, f"is not inside cidr {network} (it must be a strict subset)")
         excepts.append(str(excepted))
     return IPBlock(str(network), tuple(excepts))

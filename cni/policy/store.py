@@ -60,9 +60,6 @@ class ObjectStore:
         for pods in self._pods.values():
             yield from pods.values()
 
-    def pod_count(self) -> int:
-        return sum(len(pods) for pods in self._pods.values())
-
     def put_pod(self, pod: Pod) -> None:
         self._pods.setdefault(pod.namespace, {})[pod.name] = pod
 

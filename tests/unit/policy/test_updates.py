@@ -8,7 +8,8 @@ import pytest
 
 from cni.datapath.policy import AllowRule, PeerCIDR
 from cni.policy.manifest import load_manifest
-from cni.policy.model import Pod, labels_of
+from cni.policy.model import Pod, PodKey, labels_of
+from cni.policy.resolve import PolicyIndex
 from tests.unit.policy import random_cluster
 from tests.unit.policy.cluster import (
     apply,
@@ -28,8 +29,9 @@ ALLOW_FROM_B = policy(
 )
 
 
-def relabel(index, key, **labels) -> frozenset:  # type: ignore[no-untyped-def]
+def relabel(index: PolicyIndex, key: PodKey, **labels: str) -> frozenset[PodKey]:
     pod = index.pod(key)
+    assert pod is not None
     return index.upsert_pod(
         Pod(pod.namespace, pod.name, labels_of(labels), pod.ips, pod.node_name, pod.ports)
     )
@@ -88,7 +90,8 @@ def test_policy_update_and_delete() -> None:
 def test_reapplying_the_same_objects_changes_nothing() -> None:
     index = cluster(ALLOW_FROM_B)
     assert apply(index, ALLOW_FROM_B) == set()
-    assert index.upsert(index.pod(X_A)) == set()  # type: ignore[arg-type]
+    pod = index.pod(X_A)
+    assert pod is not None and index.upsert(pod) == set()
 
 
 def test_pod_address_change_updates_peers() -> None:
