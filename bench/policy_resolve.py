@@ -231,7 +231,8 @@ def main() -> None:
     index = PolicyIndex("node-0")
 
     def load() -> None:
-        for obj in [*all_namespaces, *all_pods, *all_policies]:
+        everything: list[KubeObject] = [*all_namespaces, *all_pods, *all_policies]
+        for obj in everything:
             index.upsert(obj)
 
     load_time, _ = timed(load)

@@ -85,7 +85,7 @@ def peer(rng: random.Random) -> Peer:
     if kind == 2:
         return Peer(pod_selector=selector(rng), namespace_selector=selector(rng))
     cidr = rng.choice(("10.0.0.0/24", "10.0.0.0/16", "10.0.0.0/28", "0.0.0.0/0", "fd00::/64"))
-    excepts = ()
+    excepts: tuple[str, ...] = ()
     if cidr == "10.0.0.0/16" and rng.random() < 0.5:
         excepts = ("10.0.0.0/26",)
     if cidr == "0.0.0.0/0" and rng.random() < 0.5:
@@ -188,9 +188,14 @@ def update(rng: random.Random, index: PolicyIndex, serial: int) -> tuple[str, Ku
     if roll == 6 and policies:
         return "delete", rng.choice(policies)
     if roll == 7 and policies:
-        old = rng.choice(policies)
-        new = policy(rng, serial)
+        current = rng.choice(policies)
+        spec = policy(rng, serial)
         return "upsert", NetworkPolicy(
-            old.namespace, old.name, new.pod_selector, new.policy_types, new.ingress, new.egress
+            current.namespace,
+            current.name,
+            spec.pod_selector,
+            spec.policy_types,
+            spec.ingress,
+            spec.egress,
         )
     return "upsert", policy(rng, 100 + serial)
