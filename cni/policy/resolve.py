@@ -155,6 +155,33 @@ class PolicyIndex:
             return self.delete_namespace(obj.name)
         return self.delete_service(obj.key)
 
+    def replace_all(
+        self, kind: type[KubeObject], objects: Iterable[KubeObject]
+    ) -> frozenset[PodKey]:
+        """Make the index's objects of ``kind`` exactly ``objects`` (after a relist, or
+        when a store is loaded again): upsert each, delete those no longer there."""
+        objects = list(objects)
+        for obj in objects:  # before changing anything
+            if not isinstance(obj, kind):
+                raise TypeError(f"replace_all({kind.__name__}) got a {type(obj).__name__}")
+        affected: set[PodKey] = set()
+        current = {_name_of(obj): obj for obj in self._objects(kind)}
+        for obj in objects:
+            current.pop(_name_of(obj), None)
+            affected |= self.upsert(obj)
+        for gone in current.values():
+            affected |= self.delete(gone)
+        return frozenset(affected)
+
+    def _objects(self, kind: type[KubeObject]) -> list[KubeObject]:
+        if kind is Pod:
+            return list(self.store.all_pods())
+        if kind is NetworkPolicy:
+            return list(self.store.policies.values())
+        if kind is Namespace:
+            return list(self.store.namespaces.values())
+        return list(self.store.services.values())
+
     def upsert_pod(self, pod: Pod) -> frozenset[PodKey]:
         old = self.store.pod(pod.key)
         if old == pod:
@@ -361,6 +388,10 @@ _GROUP_USES: tuple[tuple[Role, Callable[[NetworkPolicy], set[PodGroup]]], ...] =
     ("target", _target_groups),
     ("peer", peer_groups),
 )
+
+
+def _name_of(obj: KubeObject) -> tuple[str, str]:
+    return ("", obj.name) if isinstance(obj, Namespace) else obj.key
 
 
 def service_ips(index: PolicyIndex) -> frozenset[str]:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
 from cni.datapath.policy import AllowRule, PeerCIDR
 from cni.policy.manifest import load_manifest
-from cni.policy.model import Pod, PodKey, labels_of
+from cni.policy.model import NetworkPolicy, Pod, PodKey, labels_of
 from cni.policy.resolve import PolicyIndex
 from tests.unit.policy import random_cluster
 from tests.unit.policy.cluster import (
@@ -179,6 +180,22 @@ def test_pods_of_an_undeclared_namespace_get_its_name_label() -> None:
     assert ingress is not None and ingress[1].peers == (PeerCIDR("10.8.0.1/32"),)
     assert index.delete_pod(("w", "s")) == {X_A}
     assert index.resolve(X_A).endpoint.ingress == (AllowRule((PeerCIDR("10.1.0.1/32"),), ()),)
+
+
+def test_replace_all_after_a_relist() -> None:
+    index = cluster(ALLOW_FROM_B)
+    relisted = [p for p in index.store.all_pods() if p.key != ("x", "b")]
+    relisted = [
+        replace(p, labels=labels_of({"pod": "b"})) if p.key == ("x", "c") else p for p in relisted
+    ]
+    assert index.replace_all(Pod, relisted) == {X_A, ("x", "b"), ("x", "c")}
+    assert index.pod(("x", "b")) is None
+    ingress = index.resolve(X_A).endpoint.ingress
+    assert ingress is not None and ingress[1].peers == (PeerCIDR("10.1.0.3/32"),)
+    with pytest.raises(TypeError):
+        index.replace_all(Pod, [index.store.namespaces["x"]])
+    assert index.replace_all(NetworkPolicy, []) == {X_A}
+    assert index.resolve(X_A).endpoint.ingress is None
 
 
 @pytest.mark.parametrize("seed", range(12))
