@@ -137,17 +137,17 @@ def _numbered(port: PolicyPort) -> Ports:
     return Ports(port.protocol.lower(), port.port, port.end_port or port.port)
 
 
+def _selector_groups(policy: NetworkPolicy, rule: PolicyRule) -> list[PodGroup]:
+    """The distinct groups of a rule's selector peers, in rule order."""
+    groups = (peer_group(policy.namespace, peer) for peer in rule.peers)
+    return list(dict.fromkeys(group for group in groups if group is not None))
+
+
 def _rule_peers(
     policy: NetworkPolicy, rule: PolicyRule, source: PeerSource
 ) -> tuple[PeerCIDR, ...]:
     """The addresses of a rule's peers: selected pods (in pod order, each once), then ipBlocks."""
-    groups = list(
-        dict.fromkeys(
-            group
-            for peer in rule.peers
-            if (group := peer_group(policy.namespace, peer)) is not None
-        )
-    )
+    groups = _selector_groups(policy, rule)
     blocks = tuple(
         dict.fromkeys(
             PeerCIDR(peer.ip_block.cidr, peer.ip_block.excepts)
@@ -227,33 +227,28 @@ def _named_egress(
     policy: NetworkPolicy, rule: PolicyRule, named: NamedPorts, source: PeerSource
 ) -> tuple[AllowRule, ...]:
     """Allow rules for egress named ports: each peer pod's own port of that name."""
-    groups = list(
-        dict.fromkeys(
-            group
-            for peer in rule.peers
-            if (group := peer_group(policy.namespace, peer)) is not None
-        )
-    )
+    groups = _selector_groups(policy, rule)
     blocks = [
         AddressBlock.of(peer.ip_block)
         for peer in rule.peers
         if peer.ip_block is not None and ":" not in peer.ip_block.cidr
     ]
+    # Cached and shared by every rule with the same single group (no peers: every pod).
+    if not rule.peers:
+        return source.named_allows(ALL_PODS, named)
     if len(groups) == 1 and len(rule.peers) == 1:
-        return source.named_allows(groups[0], named)  # cached, shared by every rule that has it
+        return source.named_allows(groups[0], named)
     selected: set[PodKey] = set().union(*(source.members(g) for g in groups))
 
     def peers_of(pod: Pod) -> tuple[PeerCIDR, ...]:
         own = source.pod_peers(pod)
-        if not rule.peers or pod.key in selected:
+        if pod.key in selected:
             return own
         # Only the addresses inside an ipBlock are that block's peers.
         return tuple(p for p in own if any(b.contains(p.cidr[:-3]) for b in blocks))
 
-    if rule.peers and not blocks:
-        pods: Sequence[Pod] = source.pods_of(selected)
-    else:
-        pods = source.group_pods(ALL_PODS)  # any pod may be inside a block, or any peer
+    # With an ipBlock, any pod may have an address inside it.
+    pods = source.group_pods(ALL_PODS) if blocks else source.pods_of(selected)
     return named_allows(pods, named, peers_of)
 
 
