@@ -1,0 +1,399 @@
+"""The resolver: Kubernetes objects in, each local pod's ``EndpointPolicy`` out.
+
+Semantics (networking.k8s.io/v1, as Kubernetes and its e2e suite have them):
+- a pod is isolated in a direction when some policy of its namespace selects
+  it and isolates that direction (policyTypes, or their defaults: Ingress
+  always, Egress when the policy has egress rules); it is then allowed the
+  union of those policies' rules in that direction, and nothing else;
+  no rules at all is deny all;
+- a direction no policy isolates is not isolated (``None``): everything passes;
+- a pod may always reach itself: each isolated direction also allows the
+  pod's own addresses (first, so ``explain`` names it);
+- hostNetwork pods are no policy targets (they have no endpoint); as peers
+  they are their addresses (the node's), like any other address;
+- pods without an address are no peers;
+- traffic from the node to its pods is the datapath's business
+  (``deny_node`` stays False);
+- Services are not resolved into rules: the datapath judges a connection to
+  a ClusterIP after kube-proxy's DNAT, on the backend pod's address and
+  target port. ``service_ips`` gives it the ClusterIPs to recognise.
+
+Scale: selectors are resolved once per distinct selector and kept up to date
+by ``groups.PodGroups``; a policy is compiled once for all the pods it
+selects; every update returns the local pods whose policy it may have
+changed, and only their cached results are dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from itertools import chain
+from typing import cast
+
+from cni.datapath.policy import AllowRule, EndpointPolicy, PeerCIDR
+from cni.policy.groups import PodGroups, Role
+from cni.policy.model import (
+    Direction,
+    KubeObject,
+    Namespace,
+    NetworkPolicy,
+    Pod,
+    PodKey,
+    PolicyKey,
+    Service,
+    ServiceKey,
+)
+from cni.policy.rules import (
+    CompiledPolicy,
+    NamedPorts,
+    RuleOrigin,
+    compile_policy,
+    named_allows,
+    peer_groups,
+    pod_peers,
+)
+from cni.policy.selectors import PodGroup, target_group
+from cni.policy.store import ObjectStore
+
+NOTHING: frozenset[PodKey] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedPolicy:
+    """A pod's policy for the datapath, and where each of its allow rules came from.
+
+    ``ingress_origins[i]`` explains ``endpoint.ingress[i]`` (likewise egress);
+    ``ingress_policies`` are the policies that isolate the pod for ingress.
+    """
+
+    pod: PodKey
+    endpoint: EndpointPolicy
+    ingress_origins: tuple[RuleOrigin, ...] = ()
+    egress_origins: tuple[RuleOrigin, ...] = ()
+    ingress_policies: tuple[PolicyKey, ...] = ()
+    egress_policies: tuple[PolicyKey, ...] = ()
+
+    def rules(self, direction: Direction) -> tuple[AllowRule, ...] | None:
+        return self.endpoint.ingress if direction == "ingress" else self.endpoint.egress
+
+    def origins(self, direction: Direction) -> tuple[RuleOrigin, ...]:
+        return self.ingress_origins if direction == "ingress" else self.egress_origins
+
+    def policies(self, direction: Direction) -> tuple[PolicyKey, ...]:
+        return self.ingress_policies if direction == "ingress" else self.egress_policies
+
+    @property
+    def selected_by(self) -> tuple[PolicyKey, ...]:
+        return tuple(sorted({*self.ingress_policies, *self.egress_policies}))
+
+
+class PolicyIndex:
+    """Resolver state: every object the agent knows, and caches derived from them.
+
+    ``node_name`` picks the local pods (those the agent enforces for): pods on
+    that node that are not hostNetwork; None makes every such pod local.
+    Every ``upsert_*``/``delete_*`` returns the local pods whose policy may
+    have changed (possibly including a pod that no longer exists); resolve
+    those again. ``resolve`` works for any pod; results for local pods are
+    cached until an update names them.
+    """
+
+    def __init__(self, node_name: str | None = None) -> None:
+        self.node_name = node_name
+        self.store = ObjectStore()
+        self.groups = PodGroups(self.store)
+        self._local: set[PodKey] = set()
+        # Every pod's addresses as datapath peers, shared by every rule that has the pod.
+        self._pod_peers: dict[PodKey, tuple[PeerCIDR, ...]] = {}
+        self._compiled: dict[PolicyKey, CompiledPolicy] = {}
+        self._resolved: dict[PodKey, ResolvedPolicy] = {}
+
+    # Reading.
+
+    def is_local(self, pod: Pod) -> bool:
+        return not pod.host_network and self.node_name in (None, pod.node_name)
+
+    def local_pods(self) -> frozenset[PodKey]:
+        return frozenset(self._local)
+
+    def pod(self, key: PodKey) -> Pod | None:
+        return self.store.pod(key)
+
+    def policy(self, key: PolicyKey) -> NetworkPolicy | None:
+        return self.store.policies.get(key)
+
+    def selecting_policies(self, pod: Pod) -> list[PolicyKey]:
+        """Policies of the pod's namespace whose podSelector selects it, by name."""
+        if pod.host_network:
+            return []
+        return sorted(
+            key
+            for key in self.store.policies_in(pod.namespace)
+            if pod.key in self.groups.members(target_group(self.store.policies[key]))
+        )
+
+    # Updates.
+
+    def upsert(self, obj: KubeObject) -> frozenset[PodKey]:
+        """Add or replace any object; same as the upsert_* of its kind."""
+        if isinstance(obj, Pod):
+            return self.upsert_pod(obj)
+        if isinstance(obj, NetworkPolicy):
+            return self.upsert_policy(obj)
+        if isinstance(obj, Namespace):
+            return self.upsert_namespace(obj)
+        return self.upsert_service(obj)
+
+    def delete(self, obj: KubeObject) -> frozenset[PodKey]:
+        """Remove the object of that kind and name (its other fields do not matter)."""
+        if isinstance(obj, Pod):
+            return self.delete_pod(obj.key)
+        if isinstance(obj, NetworkPolicy):
+            return self.delete_policy(obj.key)
+        if isinstance(obj, Namespace):
+            return self.delete_namespace(obj.name)
+        return self.delete_service(obj.key)
+
+    def replace_all(
+        self, kind: type[KubeObject], objects: Iterable[KubeObject]
+    ) -> frozenset[PodKey]:
+        """Make the index's objects of ``kind`` exactly ``objects`` (after a relist, or
+        when a store is loaded again): upsert each, delete those no longer there."""
+        objects = list(objects)
+        for obj in objects:  # before changing anything
+            if not isinstance(obj, kind):
+                raise TypeError(f"replace_all({kind.__name__}) got a {type(obj).__name__}")
+        affected: set[PodKey] = set()
+        current = {_name_of(obj): obj for obj in self._objects(kind)}
+        for obj in objects:
+            current.pop(_name_of(obj), None)
+            affected |= self.upsert(obj)
+        for gone in current.values():
+            affected |= self.delete(gone)
+        return frozenset(affected)
+
+    def _objects(self, kind: type[KubeObject]) -> list[KubeObject]:
+        if kind is Pod:
+            return list(self.store.all_pods())
+        if kind is NetworkPolicy:
+            return list(self.store.policies.values())
+        if kind is Namespace:
+            return list(self.store.namespaces.values())
+        return list(self.store.services.values())
+
+    def upsert_pod(self, pod: Pod) -> frozenset[PodKey]:
+        old = self.store.pod(pod.key)
+        if old == pod:
+            return NOTHING
+        new_namespace = not self.store.namespace_exists(pod.namespace)
+        self.store.put_pod(pod)
+        if old is None or old.ips != pod.ips:
+            self._pod_peers[pod.key] = pod_peers(pod)
+        changed = self.groups.namespace_changed(pod.namespace) if new_namespace else set()
+        changed |= self.groups.pod_changed(old, pod)
+        affected = self._users_of(changed)
+        if old is not None and pod.key in self._local:
+            affected.add(pod.key)  # its labels, addresses or ports changed
+        if self.is_local(pod):
+            self._local.add(pod.key)
+            affected.add(pod.key)
+        else:
+            self._local.discard(pod.key)
+        return self._invalidate(affected)
+
+    def delete_pod(self, key: PodKey) -> frozenset[PodKey]:
+        old = self.store.remove_pod(key)
+        if old is None:
+            return NOTHING
+        changed = self.groups.pod_changed(old, None)
+        if not self.store.namespace_exists(key[0]):
+            changed |= self.groups.namespace_changed(key[0])
+        self._pod_peers.pop(key, None)
+        affected = self._users_of(changed)
+        if key in self._local:
+            self._local.discard(key)
+            affected.add(key)
+        return self._invalidate(affected)
+
+    def upsert_policy(self, policy: NetworkPolicy) -> frozenset[PodKey]:
+        old = self.store.policies.get(policy.key)
+        if old == policy:
+            return NOTHING
+        affected = self._local_targets(old) if old is not None else set()
+        self.store.put_policy(policy)
+        self._swap_groups(policy.key, old, policy)
+        affected |= self._local_targets(policy)
+        return self._invalidate(affected)
+
+    def delete_policy(self, key: PolicyKey) -> frozenset[PodKey]:
+        old = self.store.policies.get(key)
+        if old is None:
+            return NOTHING
+        affected = self._local_targets(old)
+        self._swap_groups(key, old, None)
+        self.store.remove_policy(key)
+        return self._invalidate(affected)
+
+    def upsert_namespace(self, namespace: Namespace) -> frozenset[PodKey]:
+        if self.store.namespaces.get(namespace.name) == namespace:
+            return NOTHING
+        self.store.namespaces[namespace.name] = namespace
+        return self._invalidate(self._users_of(self.groups.namespace_changed(namespace.name)))
+
+    def delete_namespace(self, name: str) -> frozenset[PodKey]:
+        """Forget the Namespace object; its pods (if any remain) keep an implicit one."""
+        if self.store.namespaces.pop(name, None) is None:
+            return NOTHING
+        return self._invalidate(self._users_of(self.groups.namespace_changed(name)))
+
+    def upsert_service(self, service: Service) -> frozenset[PodKey]:
+        """Services change no pod's rules (see ``service_ips``)."""
+        self.store.services[service.key] = service
+        return NOTHING
+
+    def delete_service(self, key: ServiceKey) -> frozenset[PodKey]:
+        self.store.services.pop(key, None)
+        return NOTHING
+
+    def _swap_groups(
+        self, key: PolicyKey, old: NetworkPolicy | None, new: NetworkPolicy | None
+    ) -> None:
+        """Move a policy's use of groups from its old version to its new one (None:
+        absent); groups that both use stay resolved."""
+        self._compiled.pop(key, None)
+        for role, uses in _GROUP_USES:
+            before = uses(old) if old is not None else set()
+            after = uses(new) if new is not None else set()
+            for group in after - before:
+                self.groups.acquire(group, key, role)
+            for group in before - after:
+                self.groups.release(group, key, role)
+
+    def _local_targets(self, policy: NetworkPolicy) -> set[PodKey]:
+        return self._local & self.groups.members(target_group(policy))
+
+    def _users_of(self, changed: Iterable[PodGroup]) -> set[PodKey]:
+        """Local pods selected by policies that read a changed group; those
+        policies are compiled again when next needed."""
+        affected: set[PodKey] = set()
+        for group in changed:
+            for key in self.groups.peer_users(group):
+                self._compiled.pop(key, None)
+                affected |= self._local_targets(self.store.policies[key])
+        return affected
+
+    def _invalidate(self, affected: set[PodKey]) -> frozenset[PodKey]:
+        for key in affected:
+            self._resolved.pop(key, None)
+        return frozenset(affected)
+
+    # Peers, for compiling (rules.PeerSource).
+
+    def pod_peers(self, pod: Pod) -> tuple[PeerCIDR, ...]:
+        return self._pod_peers[pod.key]
+
+    def members(self, group: PodGroup) -> set[PodKey]:
+        return self.groups.members(group)
+
+    def pods_of(self, keys: Iterable[PodKey]) -> list[Pod]:
+        pods = (self.store.pod(key) for key in sorted(keys))
+        return [pod for pod in pods if pod is not None]
+
+    def group_pods(self, group: PodGroup) -> list[Pod]:
+        pods = map(self.store.pod, self.groups.ordered_members(group))
+        return [pod for pod in pods if pod is not None]
+
+    def peers_of(self, keys: set[PodKey]) -> tuple[PeerCIDR, ...]:
+        return self._peers_in_order(sorted(keys))
+
+    def _peers_in_order(self, keys: list[PodKey]) -> tuple[PeerCIDR, ...]:
+        # The hot path of a broad selector's change: C-level iteration only.
+        return tuple(chain.from_iterable(map(self._pod_peers.__getitem__, keys)))
+
+    def group_peers(
+        self, group: PodGroup, extra: tuple[PeerCIDR, ...] = ()
+    ) -> tuple[PeerCIDR, ...]:
+        derived = self.groups.derived(group)
+        peers = derived.get(("peers", extra))
+        if peers is None:
+            own = self._peers_in_order(self.groups.ordered_members(group))
+            peers = derived[("peers", extra)] = own + extra
+        return cast(tuple[PeerCIDR, ...], peers)
+
+    def named_allows(self, group: PodGroup, named: NamedPorts) -> tuple[AllowRule, ...]:
+        derived = self.groups.derived(group)
+        allows = derived.get(named)
+        if allows is None:
+            allows = derived[named] = named_allows(self.group_pods(group), named, self.pod_peers)
+        return cast(tuple[AllowRule, ...], allows)
+
+    def compiled(self, key: PolicyKey) -> CompiledPolicy:
+        compiled = self._compiled.get(key)
+        if compiled is None:
+            compiled = self._compiled[key] = compile_policy(self.store.policies[key], self)
+        return compiled
+
+    # Resolving.
+
+    def resolve(self, key: PodKey) -> ResolvedPolicy:
+        """The pod's EndpointPolicy with provenance. KeyError for an unknown pod."""
+        cached = self._resolved.get(key)
+        if cached is not None:
+            return cached
+        pod = self.store.pod(key)
+        if pod is None:
+            raise KeyError(f"unknown pod {key[0]}/{key[1]}")
+        resolved = self._resolve(pod)
+        if key in self._local:
+            self._resolved[key] = resolved
+        return resolved
+
+    def _resolve(self, pod: Pod) -> ResolvedPolicy:
+        selecting = self.selecting_policies(pod)
+        ingress, ingress_origins, ingress_policies = self._direction(pod, selecting, "ingress")
+        egress, egress_origins, egress_policies = self._direction(pod, selecting, "egress")
+        return ResolvedPolicy(
+            pod=pod.key,
+            endpoint=EndpointPolicy(ingress=ingress, egress=egress),
+            ingress_origins=ingress_origins,
+            egress_origins=egress_origins,
+            ingress_policies=ingress_policies,
+            egress_policies=egress_policies,
+        )
+
+    def _direction(
+        self, pod: Pod, selecting: list[PolicyKey], direction: Direction
+    ) -> tuple[tuple[AllowRule, ...] | None, tuple[RuleOrigin, ...], tuple[PolicyKey, ...]]:
+        """(rules or None when not isolated, their origins, the isolating policies)."""
+        isolating = tuple(key for key in selecting if self.store.policies[key].isolates(direction))
+        if not isolating:
+            return None, (), ()
+        own = self.pod_peers(pod)
+        rules: list[AllowRule] = [AllowRule(own, ())] if own else []
+        origins: list[RuleOrigin] = [RuleOrigin(direction)] if own else []
+        for policy_key in isolating:
+            for compiled in self.compiled(policy_key).rules(direction) or ():
+                allows = compiled.for_target(pod)
+                rules.extend(allows)
+                origins.extend([compiled.origin] * len(allows))
+        return tuple(rules), tuple(origins), isolating
+
+
+def _target_groups(policy: NetworkPolicy) -> set[PodGroup]:
+    return {target_group(policy)}
+
+
+_GROUP_USES: tuple[tuple[Role, Callable[[NetworkPolicy], set[PodGroup]]], ...] = (
+    ("target", _target_groups),
+    ("peer", peer_groups),
+)
+
+
+def _name_of(obj: KubeObject) -> tuple[str, str]:
+    return ("", obj.name) if isinstance(obj, Namespace) else obj.key
+
+
+def service_ips(index: PolicyIndex) -> frozenset[str]:
+    """Every ClusterIP of every Service (headless ones have none)."""
+    return frozenset(ip for service in index.store.services.values() for ip in service.cluster_ips)
