@@ -317,11 +317,16 @@ def test_add_rolls_back_a_delegated_ipam(
 
 
 def start_add(
-    network: Network, netns: str, container_id: str, command: str = "ADD"
+    network: Network,
+    netns: str,
+    container_id: str,
+    command: str = "ADD",
+    config: dict[str, Any] | None = None,
+    cni_path: str = "",
 ) -> subprocess.Popen[bytes]:
     """Start a verb in the background, as a runtime does."""
     stdin = network.state_dir.parent / f"{command}-{container_id}.json"
-    stdin.write_text(json.dumps(network.config()))
+    stdin.write_text(json.dumps(config or network.config()))
     with stdin.open("rb") as config:
         return subprocess.Popen(
             [network.bin_dir / "sluice"],
@@ -334,13 +339,40 @@ def start_add(
                 "CNI_CONTAINERID": container_id,
                 "CNI_NETNS": netns,
                 "CNI_IFNAME": "eth0",
-                "CNI_PATH": str(network.bin_dir),
+                "CNI_PATH": ":".join(p for p in (str(network.bin_dir), cni_path) if p),
             },
         )
 
 
-def test_sigterm_during_add_rolls_back(network: Network, pods: PodNamespaces) -> None:
-    for attempt in range(6):
+def test_sigterm_during_add_rolls_back(
+    network: Network, pods: PodNamespaces, tmp_path: Path
+) -> None:
+    """SIGTERM while the delegated IPAM is allocating: ADD finishes that step, then
+    undoes it (the delegate's DEL releases the address) and fails with code 11."""
+    marker = tmp_path / "ipam-started"
+    slow = tmp_path / "slow-ipam"
+    slow.write_text(
+        "#!/bin/sh\n"
+        f'[ "$CNI_COMMAND" = ADD ] && touch {marker} && sleep 1\n'
+        f"exec {network.bin_dir / 'sluice-ipam'}\n"
+    )
+    slow.chmod(0o755)
+    config = network.config(ipam={"type": "slow-ipam", "subnet": network.subnet})
+    netns = pods.new()
+    proc = start_add(network, netns, "t0", config=config, cni_path=f"{tmp_path}")
+    deadline = time.monotonic() + 30
+    while not marker.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode != 0, (out, err)
+    error = json.loads(out)
+    assert error["code"] == 11 and "rolled back" in error["details"], error
+    assert_nothing_left(network)
+
+    # And at random moments of an ordinary ADD: done, or undone, never half done.
+    for attempt in range(1, 6):
         netns = pods.new()
         proc = start_add(network, netns, f"t{attempt}")
         time.sleep(random.uniform(0.15, 0.5))
