@@ -82,7 +82,7 @@ from cni.datapath import endpoint
 from cni.datapath import policy as P
 from cni.datapath.events import DenyEvent, RingBuffer
 from cni.datapath.maps import Datapath
-from cni.net.netlink import IPRoute
+from cni.net.netlink import Rtnl
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = ROOT / ".venv" / "bin"
@@ -445,7 +445,7 @@ class Bench:
             policy = self.policies[want[1]] if want[1] else P.EndpointPolicy()
             P.install(self.dp, self.server.ifindex, policy)
         if have[0] != want[0]:
-            with IPRoute() as ipr:
+            with Rtnl() as ipr:
                 for pod in (self.server, self.client):
                     if want[0]:
                         endpoint.attach_programs(ipr, pod.ifindex, pod.veth, self.bpf_dir)
@@ -457,7 +457,7 @@ class Bench:
         self.state = want
 
     def check_hooks(self, attached: bool) -> None:
-        with IPRoute() as ipr:
+        with Rtnl() as ipr:
             for pod in (self.server, self.client):
                 hooks = set(endpoint.attached_programs(ipr, pod.ifindex, self.bpf_dir))
                 if hooks != (set(endpoint.HOOKS) if attached else set()):

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from cni.attachment import ALIAS_PREFIX, parse_alias
 from cni.datapath import endpoint
 from cni.net import addr, link, route
-from cni.net.netlink import IPRoute
+from cni.net.netlink import Rtnl
 from cni.net.route import RouteSpec
 
 GATEWAY = "169.254.1.1"
@@ -52,8 +52,8 @@ def pod_routes(requested: list[RouteSpec]) -> list[RouteSpec]:
 
 
 def wire(
-    node: IPRoute,
-    pod: IPRoute,
+    node: Rtnl,
+    pod: Rtnl,
     pod_netns_fd: int,
     pair: VethPair,
     mtu: int,
@@ -70,9 +70,11 @@ def wire(
     no packet ever crosses the pair unjudged.
     """
     ifname = pair.pod_ifname
-    link.create_veth(node, pair.node_veth, pair.alias, ifname, pod_netns_fd, mtu, pod_mac)
+    node_index = link.create_veth(
+        node, pair.node_veth, pair.alias, ifname, pod_netns_fd, mtu, pod_mac
+    )
     pod_link = link.get_link(pod, ifname)
-    node_link = link.get_link(node, pair.node_veth)
+    node_link = link.link_by_index(node, node_index)
     if pod_link is None or node_link is None:
         raise RuntimeError(f"veth {pair.node_veth}/{ifname} vanished after creation")
     pod_ips = [str(ipaddress.ip_interface(cidr).ip) for cidr in addresses]
@@ -94,24 +96,21 @@ def wire(
     return node_link, pod_link
 
 
-def node_routed_ips(node: IPRoute, node_link: link.Link) -> list[str]:
+def node_routed_ips(node: Rtnl, node_link: link.Link) -> list[str]:
     """Pod addresses the node routes through this veth (its /32 routes to pods)."""
     return [
         r.dst.split("/")[0] for r in route.routes(node, node_link.index) if r.dst.endswith("/32")
     ]
 
 
-def routed_alias(node: IPRoute, ip: str) -> str | None:
+def routed_alias(node: Rtnl, ip: str) -> str | None:
     """The alias of the link the node routes ``ip`` to, if it has one."""
     oif = route.output_interface(node, ip)
-    if oif is None:
-        return None
-    (dev,) = node.link("get", index=oif)
-    alias = dev.get("IFLA_IFALIAS")
-    return str(alias) if alias else None
+    found = link.link_by_index(node, oif) if oif else None
+    return found.alias if found else None
 
 
-def unwire(node: IPRoute, node_veth: link.Link | None, bpf_dir: str) -> None:
+def unwire(node: Rtnl, node_veth: link.Link | None, bpf_dir: str) -> None:
     """Forget the endpoint and delete the pair (the pod end goes with it)."""
     if node_veth is None:
         # Deleted behind our back: its ifindex is unknown, so drop every endpoint
@@ -122,7 +121,7 @@ def unwire(node: IPRoute, node_veth: link.Link | None, bpf_dir: str) -> None:
     link.delete_link(node, node_veth.name)
 
 
-def node_veths(node: IPRoute, network: str) -> dict[tuple[str, str], link.Link]:
+def node_veths(node: Rtnl, network: str) -> dict[tuple[str, str], link.Link]:
     """The network's node-side veths by (container id, ifname), found by their alias."""
     found = {}
     for veth in link.links_with_alias(node, ALIAS_PREFIX):

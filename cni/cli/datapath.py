@@ -79,7 +79,7 @@ def show_report(bpf_dir: str) -> dict[str, Any]:
     from cni.datapath.endpoint import HOOKS, attached_programs
     from cni.datapath.maps import MAPS
     from cni.datapath.structs import ip_str
-    from cni.net.netlink import IPRoute
+    from cni.net.netlink import Rtnl
 
     programs = {}
     for name in HOOKS:
@@ -89,7 +89,7 @@ def show_report(bpf_dir: str) -> dict[str, Any]:
         finally:
             os.close(fd)
         programs[name] = {"id": info.id, "tag": bytes(info.tag).hex(), "name": info.name.decode()}
-    with _open(bpf_dir) as dp, IPRoute() as ipr:
+    with _open(bpf_dir) as dp, Rtnl() as ipr:
         links = {msg["index"]: msg for msg in ipr.link("dump")}
         endpoints = []
         for ifindex, ep in sorted(dp.endpoints().items()):

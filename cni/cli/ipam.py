@@ -178,9 +178,9 @@ def _node_attachments(conf: NetConf) -> Iterator[tuple[Any, Any]]:
     remove one (veth, datapath endpoint, masquerade entries)."""
     from cni import wiring
     from cni.net import masq
-    from cni.net.netlink import IPRoute
+    from cni.net.netlink import node_socket
 
-    with IPRoute() as node:
+    with node_socket() as node:
 
         def listing() -> dict[tuple[str, str], list[str]]:
             veths = wiring.node_veths(node, conf.network)

@@ -24,7 +24,7 @@ from cni.datapath import bpf
 from cni.datapath.maps import Datapath, DatapathMissing
 from cni.datapath.structs import Endpoint, ip_be
 from cni.errors import ERR_CHECK_FAILED, ERR_KERNEL, CNIError
-from cni.net.netlink import IPRoute, NetlinkError, kernel_op
+from cni.net.netlink import NetlinkError, Rtnl, kernel_op
 
 # program -> (tcx attach type, clsact parent)
 HOOKS = {"from_pod": (bpf.TCX_INGRESS, "ffff:fff2"), "to_pod": (bpf.TCX_EGRESS, "ffff:fff3")}
@@ -64,7 +64,7 @@ def _attach_links(ifindex: int, bpf_dir: str) -> bool:
     return True
 
 
-def _filters(ipr: IPRoute, command: str, ifindex: int, bpf_dir: str) -> None:
+def _filters(ipr: Rtnl, command: str, ifindex: int, bpf_dir: str) -> None:
     for program, (_, parent) in HOOKS.items():
         fd = _program_fd(bpf_dir, program)
         try:
@@ -84,9 +84,7 @@ def _filters(ipr: IPRoute, command: str, ifindex: int, bpf_dir: str) -> None:
             os.close(fd)
 
 
-def attach(
-    ipr: IPRoute, ifindex: int, name: str, pod_ip: str, bpf_dir: str, flags: int = 0
-) -> None:
+def attach(ipr: Rtnl, ifindex: int, name: str, pod_ip: str, bpf_dir: str, flags: int = 0) -> None:
     """Endpoint entry, then the programs; fails closed (no entry: every packet drops)."""
     try:
         with Datapath(bpf_dir) as datapath:
@@ -96,7 +94,7 @@ def attach(
         raise CNIError(ERR_KERNEL, f'failed to attach the datapath to "{name}": {err}') from None
 
 
-def attach_programs(ipr: IPRoute, ifindex: int, name: str, bpf_dir: str) -> None:
+def attach_programs(ipr: Rtnl, ifindex: int, name: str, bpf_dir: str) -> None:
     """The pinned programs on the veth's hooks: tcx links, or clsact filters."""
     if _attach_links(ifindex, bpf_dir):
         return
@@ -110,7 +108,7 @@ def attach_programs(ipr: IPRoute, ifindex: int, name: str, bpf_dir: str) -> None
         _filters(ipr, "add-filter", ifindex, bpf_dir)
 
 
-def detach_programs(ipr: IPRoute, ifindex: int, bpf_dir: str) -> None:
+def detach_programs(ipr: Rtnl, ifindex: int, bpf_dir: str) -> None:
     """Take the programs off the veth, keeping its endpoint entry."""
     _unpin_links(bpf_dir, ifindex)
     with contextlib.suppress(NetlinkError):
@@ -135,7 +133,7 @@ def detach(ifindex: int, bpf_dir: str) -> None:
 
 def switch_programs(bpf_dir: str, ifindexes: list[int]) -> None:
     """Point every endpoint at the programs pinned now (after a reload)."""
-    with IPRoute() as ipr:
+    with Rtnl() as ipr:
         for ifindex in ifindexes:
             if os.path.exists(link_path(bpf_dir, ifindex, "from_pod")):
                 try:
@@ -179,7 +177,7 @@ def pinned_programs(bpf_dir: str) -> dict[str, int]:
     return ids
 
 
-def attached_programs(ipr: IPRoute, ifindex: int, bpf_dir: str) -> dict[str, int | None]:
+def attached_programs(ipr: Rtnl, ifindex: int, bpf_dir: str) -> dict[str, int | None]:
     """{program: id} of what runs on the veth: the link's program, or for a clsact
     filter None (pyroute2 does not decode a filter's program id)."""
     found: dict[str, int | None] = {}
@@ -205,7 +203,7 @@ def attached_programs(ipr: IPRoute, ifindex: int, bpf_dir: str) -> dict[str, int
     return found
 
 
-def check(ipr: IPRoute, ifindex: int, name: str, pod_ip: str, bpf_dir: str) -> None:
+def check(ipr: Rtnl, ifindex: int, name: str, pod_ip: str, bpf_dir: str) -> None:
     """CHECK: the veth runs the pinned programs and its endpoint entry is right."""
     try:
         pinned = pinned_programs(bpf_dir)

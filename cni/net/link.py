@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from cni.net.netlink import IPRoute, NetlinkError, is_missing, kernel_op
+from cni.net.netlink import NetlinkError, Rtnl, is_missing, kernel_op
 from cni.net.route import OUTSIDE_ADDRESS, output_interface
 
 # Every node-side veth carries the same MAC, so a pod's static neighbour entry
@@ -25,18 +25,26 @@ class Link:
     alias: str | None
 
 
-def get_link(ipr: IPRoute, name: str) -> Link | None:
+def get_link(rtnl: Rtnl, name: str) -> Link | None:
     try:
-        (msg,) = ipr.link("get", ifname=name)
+        return _to_link(rtnl.get_link(name))
     except NetlinkError as err:
         if is_missing(err):
             return None
         raise
-    return _to_link(msg)
+
+
+def link_by_index(rtnl: Rtnl, index: int) -> Link | None:
+    try:
+        return _to_link(rtnl.get_link(index=index))
+    except NetlinkError as err:
+        if is_missing(err):
+            return None
+        raise
 
 
 def _to_link(msg: Any) -> Link:
-    """A Link from pyroute2's ifinfmsg."""
+    """A Link from an ifinfmsg."""
     info = msg.get("IFLA_LINKINFO")
     return Link(
         index=msg["index"],
@@ -49,10 +57,10 @@ def _to_link(msg: Any) -> Link:
     )
 
 
-def links_with_alias(ipr: IPRoute, prefix: str) -> list[Link]:
+def links_with_alias(rtnl: Rtnl, prefix: str) -> list[Link]:
     """Every link whose alias starts with ``prefix``."""
     found = []
-    for msg in ipr.link("dump"):
+    for msg in rtnl.dump_links():
         alias = msg.get("IFLA_IFALIAS")
         if alias and alias.startswith(prefix):
             found.append(_to_link(msg))
@@ -60,29 +68,29 @@ def links_with_alias(ipr: IPRoute, prefix: str) -> list[Link]:
 
 
 def create_veth(
-    node: IPRoute,
+    node: Rtnl,
     node_veth: str,
     alias: str,
     pod_ifname: str,
     pod_ns_fd: int,
     mtu: int,
     pod_mac: str | None,
-) -> None:
-    """Create the pair with the pod end directly inside the pod's namespace (both down)."""
-    peer: dict[str, object] = {"ifname": pod_ifname, "net_ns_fd": pod_ns_fd, "mtu": mtu}
-    if pod_mac:
-        peer["address"] = pod_mac
+) -> int:
+    """Create the pair with the pod end directly inside the pod's namespace (both down);
+    return the node-side veth's ifindex."""
     with kernel_op(f'create veth "{node_veth}" with peer "{pod_ifname}"'):
-        node.link("add", ifname=node_veth, kind="veth", address=NODE_VETH_MAC, mtu=mtu, peer=peer)
-    # The kernel ignores IFLA_IFALIAS in RTM_NEWLINK; it must be set afterwards.
+        node.add_veth(node_veth, NODE_VETH_MAC, mtu, pod_ifname, pod_ns_fd, pod_mac)
+    # The kernel ignores IFLA_IFALIAS in RTM_NEWLINK for a new link: set it afterwards.
     with kernel_op(f'label veth "{node_veth}"'):
-        node.link("set", ifname=node_veth, ifalias=alias)
+        index = node.get_link(node_veth)["index"]
+        node.set_link(index, alias=alias)
+    return int(index)
 
 
-def delete_link(ipr: IPRoute, name: str) -> bool:
+def delete_link(rtnl: Rtnl, name: str) -> bool:
     """Delete a link by name; False when it was already gone."""
     try:
-        ipr.link("del", ifname=name)
+        rtnl.delete_link(name)
     except NetlinkError as err:
         if is_missing(err):
             return False
@@ -91,18 +99,16 @@ def delete_link(ipr: IPRoute, name: str) -> bool:
     return True
 
 
-def set_up(ipr: IPRoute, index: int, name: str) -> None:
+def set_up(rtnl: Rtnl, index: int, name: str) -> None:
     with kernel_op(f'set "{name}" up'):
-        ipr.link("set", index=index, state="up")
+        rtnl.set_link(index, up=True)
 
 
-def default_route_mtu(ipr: IPRoute) -> int | None:
+def default_route_mtu(rtnl: Rtnl) -> int | None:
     """MTU of the interface carrying the node's default route, if there is one."""
     try:
-        oif = output_interface(ipr, OUTSIDE_ADDRESS)
+        oif = output_interface(rtnl, OUTSIDE_ADDRESS)
     except NetlinkError:  # no route to the outside
         return None
-    if oif is None:
-        return None
-    (msg,) = ipr.link("get", index=oif)
-    return msg.get("IFLA_MTU")
+    found = link_by_index(rtnl, oif) if oif else None
+    return found.mtu if found else None

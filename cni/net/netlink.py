@@ -1,7 +1,7 @@
 """Netlink sockets for the node and for a pod, and error wrapping.
 
-Importing this module loads pyroute2 (about 0.1 s); only verbs that touch the
-kernel import it.
+The sockets are ``Rtnl`` (cni/net/rtnl.py): pyroute2's messages on a plain
+synchronous socket, without importing the rest of pyroute2.
 """
 
 from __future__ import annotations
@@ -10,19 +10,22 @@ import errno
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from pyroute2 import IPRoute
-from pyroute2.netlink.exceptions import NetlinkError
-
 from cni.errors import ERR_KERNEL, CNIError
 from cni.net.netns import Netns
+from cni.net.rtnl import NetlinkError, Rtnl
 
-__all__ = ["IPRoute", "NetlinkError", "is_missing", "kernel_op", "pod_socket"]
+__all__ = ["NetlinkError", "Rtnl", "is_missing", "kernel_op", "node_socket", "pod_socket"]
 
 
-def pod_socket(netns: Netns) -> IPRoute:
-    """An IPRoute bound to the pod's namespace, opened without a helper process."""
+def node_socket() -> Rtnl:
+    """A socket in the node's namespace (the caller's)."""
+    return Rtnl()
+
+
+def pod_socket(netns: Netns) -> Rtnl:
+    """A socket bound to the pod's namespace, opened without a helper process."""
     with netns.entered():
-        return IPRoute()
+        return Rtnl(netns)
 
 
 def is_missing(err: NetlinkError) -> bool:

@@ -24,7 +24,7 @@ from cni.errors import (
     CNIError,
 )
 from cni.net import link, masq, sysctl
-from cni.net.netlink import IPRoute, pod_socket
+from cni.net.netlink import Rtnl, node_socket, pod_socket
 from cni.net.netns import open_pod_netns
 from cni.net.route import RouteSpec
 from cni.netconf import NetConf
@@ -66,7 +66,7 @@ def add(
     """
     with (
         open_pod_netns(attachment.netns) as netns,
-        IPRoute() as node,
+        node_socket() as node,
         pod_socket(netns) as pod,
         ipam_client.client(conf.ipam, conf.cni_version) as ipam,
     ):
@@ -134,7 +134,7 @@ def pod_addresses(ipam_result: Result) -> list[str]:
     return [ip.address for ip in ipam_result.ips]
 
 
-def remove_leftover_veth(node: IPRoute, conf: NetConf, attachment: Attachment) -> None:
+def remove_leftover_veth(node: Rtnl, conf: NetConf, attachment: Attachment) -> None:
     """A node-side veth of this very attachment, left by an ADD that was killed."""
     existing = link.get_link(node, attachment.node_veth)
     if existing is None:
@@ -152,7 +152,7 @@ def remove_leftover_veth(node: IPRoute, conf: NetConf, attachment: Attachment) -
 
 
 def rollback(
-    node: IPRoute,
+    node: Rtnl,
     conf: NetConf,
     attachment: Attachment,
     ipam: ipam_client.IPAM,

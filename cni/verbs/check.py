@@ -14,7 +14,7 @@ from cni.attachment import Attachment
 from cni.datapath import endpoint
 from cni.errors import ERR_CHECK_FAILED, ERR_INVALID_CONFIG, CNIError
 from cni.net import addr, link, masq, route
-from cni.net.netlink import IPRoute, pod_socket
+from cni.net.netlink import Rtnl, node_socket, pod_socket
 from cni.net.netns import open_pod_netns
 from cni.netconf import NetConf
 from cni.protocol import Request, prev_result
@@ -38,7 +38,7 @@ def check(conf: NetConf, attachment: Attachment, prev: Result) -> None:
 
     with open_pod_netns(attachment.netns) as netns, pod_socket(netns) as pod:
         check_pod(pod, attachment, expected.mac, expected_ips, prev)
-    with IPRoute() as node:
+    with node_socket() as node:
         check_node(node, attachment, ips, conf.bpf_dir)
     if conf.ip_masq:
         missing = [ip for ip in ips if not masq.contains(conf.network, ip)]
@@ -59,7 +59,7 @@ def pod_interface(prev: Result, attachment: Attachment) -> tuple[int, list[IPCon
 
 
 def check_pod(
-    pod: IPRoute, attachment: Attachment, mac: str, ips: list[IPConfig], prev: Result
+    pod: Rtnl, attachment: Attachment, mac: str, ips: list[IPConfig], prev: Result
 ) -> None:
     where = f'"{attachment.ifname}" in netns "{attachment.netns}"'
     found = link.get_link(pod, attachment.ifname)
@@ -85,7 +85,7 @@ def check_pod(
             _require((r.dst, r.gw) in kernel, f"route {r.dst} via {r.gw} is missing on {where}")
 
 
-def check_node(node: IPRoute, attachment: Attachment, ips: list[str], bpf_dir: str) -> None:
+def check_node(node: Rtnl, attachment: Attachment, ips: list[str], bpf_dir: str) -> None:
     veth = link.get_link(node, attachment.node_veth)
     _require(veth is not None, f'node-side veth "{attachment.node_veth}" is missing')
     assert veth is not None

@@ -12,7 +12,7 @@ from __future__ import annotations
 from cni import ipam_client, wiring
 from cni.attachment import Attachment, parse_alias
 from cni.net import link, masq
-from cni.net.netlink import IPRoute
+from cni.net.netlink import Rtnl, node_socket
 from cni.netconf import NetConf
 from cni.protocol import Request, prev_result
 from cni.result import Result
@@ -37,7 +37,7 @@ def _delete(
     conf: NetConf, attachment: Attachment, prev: Result | None, ipam: ipam_client.IPAM
 ) -> None:
     ips = set(ipam.addresses(attachment))
-    with IPRoute() as node:
+    with node_socket() as node:
         veth = link.get_link(node, attachment.node_veth)
         owner = parse_alias(veth.alias) if veth else None
         if owner is not None and owner[0] != attachment.network:
@@ -52,7 +52,7 @@ def _delete(
     ipam.delete(attachment)
 
 
-def _routed_elsewhere(node: IPRoute, ip: str) -> bool:
+def _routed_elsewhere(node: Rtnl, ip: str) -> bool:
     return parse_alias(wiring.routed_alias(node, ip)) is not None
 
 

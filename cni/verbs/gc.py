@@ -16,7 +16,7 @@ from cni import ipam_client, wiring
 from cni.datapath import endpoint
 from cni.errors import CNIError
 from cni.net import masq
-from cni.net.netlink import IPRoute
+from cni.net.netlink import node_socket
 from cni.netconf import NetConf
 from cni.protocol import Request, valid_attachments
 from cni.verbs import load_conf
@@ -32,7 +32,7 @@ def run(request: Request) -> None:
 def gc(conf: NetConf, valid: set[tuple[str, str]]) -> None:
     errors: list[CNIError] = []
     remaining_ips: list[str] = []
-    with IPRoute() as node:
+    with node_socket() as node:
         for key, veth in wiring.node_veths(node, conf.network).items():
             if key in valid:
                 remaining_ips += wiring.node_routed_ips(node, veth)

@@ -10,12 +10,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pyroute2 import IPRoute
-
 from cni import wiring
 from cni.attachment import parse_alias
 from cni.invoke import Invocation, cni_env, invoke
 from cni.net import link, masq
+from cni.net.netlink import node_socket
 
 PLUGIN_TIMEOUT = 60
 SLUICECTL = Path(__file__).resolve().parent.parent.parent / ".venv" / "bin" / "sluicectl"
@@ -132,7 +131,7 @@ class Network:
         )
 
     def veths(self) -> list[str]:
-        with IPRoute() as ipr:
+        with node_socket() as ipr:
             return [veth.name for veth in wiring.node_veths(ipr, self.name).values()]
 
     def allocations(self) -> dict[tuple[str, str], str]:
@@ -164,7 +163,7 @@ class Network:
         return set()
 
     def cleanup(self) -> None:
-        with IPRoute() as ipr:
+        with node_socket() as ipr:
             for veth in wiring.node_veths(ipr, self.name).values():
                 link.delete_link(ipr, veth.name)
         masq.drop(self.name)
@@ -224,7 +223,7 @@ def ping(path: str | None, address: str, count: int = 1) -> bool:
 
 
 def leftover_links(network_prefix: str) -> list[str]:
-    with IPRoute() as ipr:
+    with node_socket() as ipr:
         found = []
         for msg in ipr.link("dump"):
             owner = parse_alias(msg.get("IFLA_IFALIAS"))
