@@ -12,18 +12,17 @@ computed per round and their median is reported.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from pathlib import Path
 
 from cni.datapath import loader
+from cni.invoke import cni_env, invoke
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = Path("/usr/lib/cni")
@@ -32,23 +31,14 @@ REFERENCE = Path("/usr/lib/cni")
 def exec_plugin(
     binary: Path, command: str, config: dict, container_id: str, netns: str, bin_dir: Path
 ) -> float:
-    env = {
-        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
-        "CNI_COMMAND": command,
-        "CNI_CONTAINERID": container_id,
-        "CNI_NETNS": netns,
-        "CNI_IFNAME": "eth0",
-        "CNI_ARGS": "",
-        "CNI_PATH": str(bin_dir),
-    }
-    start = time.perf_counter()
-    proc = subprocess.run(
-        [binary], input=json.dumps(config).encode(), env=env, capture_output=True, check=False
+    """Seconds one call took, run as a runtime runs it; exit on failure."""
+    env = cni_env(
+        command, container_id=container_id, netns=netns, ifname="eth0", cni_path=str(bin_dir)
     )
-    elapsed = time.perf_counter() - start
-    if proc.returncode != 0:
-        sys.exit(f"{binary.name} {command} failed: {proc.stdout.decode()} {proc.stderr.decode()}")
-    return elapsed
+    run = invoke(str(binary), env, config)
+    if run.rc != 0:
+        sys.exit(f"{binary.name} {command} failed: {run.stdout} {run.stderr}")
+    return run.seconds
 
 
 class Contender:

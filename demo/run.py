@@ -21,6 +21,8 @@ import tempfile
 import uuid
 from pathlib import Path
 
+from cni.invoke import cni_env, invoke
+
 ROOT = Path(__file__).resolve().parent.parent
 SLUICECTL = ROOT / ".venv" / "bin" / "sluicectl"
 SUBNET = "10.244.77.0/24"
@@ -31,25 +33,18 @@ def sh(*command: str | Path, check: bool = True) -> subprocess.CompletedProcess[
 
 
 def cni(bin_dir: Path, command: str, config: dict, container_id: str, netns: str) -> dict:
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin"),
-        "CNI_COMMAND": command,
-        "CNI_CONTAINERID": container_id,
-        "CNI_NETNS": netns,
-        "CNI_IFNAME": "eth0",
-        "CNI_PATH": str(bin_dir),
-    }
-    proc = subprocess.run(
-        [bin_dir / "sluice"],
-        input=json.dumps(config),
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
+    env = cni_env(
+        command,
+        container_id=container_id,
+        netns=netns,
+        ifname="eth0",
+        cni_path=str(bin_dir),
+        base={"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin")},
     )
-    if proc.returncode != 0:
-        sys.exit(f"CNI {command} failed: {proc.stdout}{proc.stderr}")
-    return json.loads(proc.stdout) if proc.stdout.strip() else {}
+    run = invoke(str(bin_dir / "sluice"), env, config)
+    if run.rc != 0:
+        sys.exit(f"CNI {command} failed: {run.stdout}{run.stderr}")
+    return run.out or {}
 
 
 def ping(netns: str | None, address: str) -> bool:

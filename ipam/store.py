@@ -28,6 +28,7 @@ from typing import Any
 
 from ipam.clock import Instant
 from ipam.errors import StoreError
+from ipam.wal import keep_wal_between_processes
 
 SCHEMA_VERSION = 3
 BUSY_TIMEOUT_SECONDS = 60.0
@@ -96,6 +97,7 @@ def open_database(path: str) -> sqlite3.Connection:
     db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None)
     _use_wal(db)
     db.execute("PRAGMA synchronous=FULL")
+    keep_wal_between_processes(db, path)
     return db
 
 
