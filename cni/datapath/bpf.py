@@ -10,9 +10,8 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-import platform
 
-SYS_BPF = {"x86_64": 321, "aarch64": 280}[platform.machine()]
+SYS_BPF = {"x86_64": 321, "aarch64": 280}[os.uname().machine]
 
 # Commands (include/uapi/linux/bpf.h).
 MAP_CREATE = 0

@@ -15,7 +15,7 @@ from typing import Any
 
 from cni import ipam_client, wiring
 from cni.attachment import Attachment
-from cni.datapath import loader
+from cni.datapath.maps import Datapath
 from cni.errors import (
     ERR_INVALID_CONFIG,
     ERR_INVALID_ENV,
@@ -77,8 +77,7 @@ def add(
             )
         remove_leftover_veth(node, conf, attachment)
         mtu = conf.mtu or link.default_route_mtu(node) or wiring.DEFAULT_MTU
-        # Compiles only if nothing is pinned yet ("policy": "off" without an agent).
-        loader.ensure_loaded(conf.bpf_dir)
+        ensure_datapath(conf.bpf_dir)
         stop()
         ipam_result, allocated = ipam.add(attachment)
         try:
@@ -113,6 +112,17 @@ def add(
         dns=conf.dns if not conf.dns.is_empty() else ipam_result.dns,
     )
     return chain(prev, ours)
+
+
+def ensure_datapath(bpf_dir: str) -> None:
+    """Compile and pin the datapath only if nothing is pinned yet ("policy": "off"
+    without an agent); the compiler is not even imported otherwise."""
+    with Datapath(bpf_dir) as datapath:
+        if datapath.is_loaded():
+            return
+    from cni.datapath import loader
+
+    loader.ensure_loaded(bpf_dir)
 
 
 def route_spec(route: Route) -> RouteSpec:
