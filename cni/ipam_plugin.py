@@ -12,13 +12,21 @@ import os
 import sys
 from typing import Any
 
-from cni.main import run_plugin
+from cni.errors import CNIError
+from cni.main import answer_version, emit_error, read_stdin, read_stdin_quietly, run_plugin
+from cni.versions import CURRENT
 
 VERB_MODULES = {verb: "cni.ipam_plugin" for verb in ("ADD", "DEL", "CHECK", "STATUS", "GC")}
 
 
 def main() -> int:
-    return run_plugin(VERB_MODULES, os.environ)
+    if os.environ.get("CNI_COMMAND") == "VERSION":
+        return answer_version(read_stdin_quietly())
+    try:
+        stdin = read_stdin()
+    except CNIError as err:
+        return emit_error(err, CURRENT)
+    return run_plugin(VERB_MODULES, os.environ, stdin)
 
 
 def run(request: Any) -> dict[str, Any] | None:

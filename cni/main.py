@@ -2,7 +2,11 @@
 
 Only the standard library is imported here, and VERSION is answered before
 even the json module is loaded (it costs more than the rest of the answer).
-Each verb's module, with pyroute2, is imported only when that verb runs.
+Every other verb goes to the node agent first, over its unix socket (the
+fast path: the agent keeps everything loaded); when no agent answers, the
+verb runs in this process, where each verb's module is imported only when
+that verb runs. A network whose policy is enforced never wires a pod
+without the agent: ADD and CHECK then fail with code 11.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import os
 import sys
 
 from cni import versions
-from cni.errors import ERR_INTERNAL, ERR_IO, CNIError
+from cni.errors import ERR_IO, CNIError
 
 # typing pulls in re and more; annotations are strings here, so the types are
 # only imported for type checkers.
@@ -20,6 +24,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
     from typing import Any
 
+
 VERB_MODULES = {
     "ADD": "cni.verbs.add",
     "DEL": "cni.verbs.delete",
@@ -27,34 +32,64 @@ VERB_MODULES = {
     "STATUS": "cni.verbs.status",
     "GC": "cni.verbs.gc",
 }
+DEFAULT_AGENT_SOCKET = "/run/sluice/agent.sock"
 
 
 def main() -> int:
-    return run_plugin(VERB_MODULES, os.environ)
-
-
-def run_plugin(verb_modules: Mapping[str, str], env: Mapping[str, str]) -> int:
-    """Run one CNI call: print the result or the error JSON on stdout, return the exit code."""
+    env = os.environ
     if env.get("CNI_COMMAND") == "VERSION":
         return answer_version(read_stdin_quietly())
-    reply_version = versions.CURRENT
     try:
-        from cni.protocol import parse_request, read_command
-
-        command = read_command(env)
-        request = parse_request(command, env, read_stdin())
-        reply_version = request.cni_version
-        verb = load_verb(verb_modules[command])
-        return emit(verb(request))
+        stdin = read_stdin()
     except CNIError as err:
-        if err.code == ERR_INTERNAL or env.get("SLUICE_DEBUG"):
-            _log_exception()
-        emit(err.to_json(err.cni_version or reply_version))
-        return 1
-    except Exception as err:  # a bug: report it in the protocol, keep the trace on stderr
-        _log_exception()
-        emit(CNIError(ERR_INTERNAL, f"unexpected error: {err!r}").to_json(reply_version))
-        return 1
+        return emit_error(err, versions.CURRENT)
+    forwarded = forward_to_agent(env, stdin)
+    if forwarded is not None:
+        return forwarded
+    return run_plugin(VERB_MODULES, env, stdin)
+
+
+def run_plugin(verb_modules: Mapping[str, str], env: Mapping[str, str], stdin: bytes) -> int:
+    """Run one CNI call in this process: print the result or the error JSON on stdout,
+    return the exit code."""
+    from cni.call import execute
+
+    rc, out = execute(env, stdin, lambda request: load_verb(verb_modules[request.command])(request))
+    if out:
+        sys.stdout.write(out)
+        sys.stdout.flush()
+    return rc
+
+
+def forward_to_agent(env: Mapping[str, str], stdin: bytes) -> int | None:
+    """Run the call in the agent when one answers; None to run it here."""
+    socket_path = agent_socket_of(stdin)
+    if socket_path is None or not os.path.exists(socket_path):
+        return None
+    from cni.agent.client import AgentUnavailable, forward
+
+    try:
+        rc, out, err = forward(socket_path, dict(env), stdin)
+    except AgentUnavailable:
+        return None
+    if err:
+        sys.stderr.write(err)
+    sys.stdout.write(out)
+    sys.stdout.flush()
+    return rc
+
+
+def agent_socket_of(stdin: bytes) -> str | None:
+    """The agent socket the configuration names. Anything unreadable is left to the
+    in-process call, which reports it properly."""
+    import json
+
+    try:
+        config = json.loads(stdin)
+    except ValueError:
+        return None
+    path = config.get("agentSocket", DEFAULT_AGENT_SOCKET) if isinstance(config, dict) else None
+    return path if isinstance(path, str) and path.startswith("/") else None
 
 
 def answer_version(stdin: bytes) -> int:
@@ -99,19 +134,11 @@ def load_verb(module_name: str) -> Callable[[Any], dict[str, Any] | None]:
     return importlib.import_module(module_name).run
 
 
-def emit(payload: dict[str, Any] | None) -> int:
-    if payload is not None:
-        import json
+def emit_error(err: CNIError, version: str) -> int:
+    import json
 
-        sys.stdout.write(json.dumps(payload, indent=2) + "\n")
-        sys.stdout.flush()
-    return 0
-
-
-def _log_exception() -> None:
-    import traceback
-
-    traceback.print_exc(file=sys.stderr)
+    sys.stdout.write(json.dumps(err.to_json(version), indent=2) + "\n")
+    return 1
 
 
 if __name__ == "__main__":

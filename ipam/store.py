@@ -91,10 +91,13 @@ def store_networks(state_dir: str) -> list[str]:
     return sorted(name.removesuffix(".db") for name in names if name.endswith(".db"))
 
 
-def open_database(path: str) -> sqlite3.Connection:
-    """A connection in autocommit mode; transactions are explicit (BEGIN IMMEDIATE)."""
+def open_database(path: str, threads: bool = False) -> sqlite3.Connection:
+    """A connection in autocommit mode; transactions are explicit (BEGIN IMMEDIATE).
+    With ``threads``, any thread may use it (the caller serialises them)."""
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None)
+    db = sqlite3.connect(
+        path, timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None, check_same_thread=not threads
+    )
     _use_wal(db)
     db.execute("PRAGMA synchronous=FULL")
     keep_wal_between_processes(db, path)

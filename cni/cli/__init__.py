@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import click
 
+from cni.cli.agent import agent
 from cni.cli.datapath import datapath
 from cni.cli.install import install
 from cni.cli.ipam import ipam
+from cni.cli.objects import apply, delete, explain, get
 from cni.cli.status import status
 
 
@@ -15,7 +17,8 @@ def cli() -> None:
     """Operate sluice, a Kubernetes CNI plugin, on this node."""
 
 
-cli.add_command(datapath)
+for command in (agent, apply, delete, get, explain, datapath):
+    cli.add_command(command)
 cli.add_command(install)
 cli.add_command(ipam)
 cli.add_command(status)

@@ -67,6 +67,8 @@ def status(conf_path: str, bin_dir: str) -> None:
     click.echo(f"{'policy:':13}{conf.policy}")
     click.echo(f"{'ipam:':13}{_ipam_summary(conf)}")
     try:
+        if conf.policy == "enforce":
+            _agent_status(conf)
         from cni.verbs.status import status as status_verb
 
         status_verb(conf)
@@ -75,6 +77,21 @@ def status(conf_path: str, bin_dir: str) -> None:
         ready = False
         click.echo(f"{'status:':13}not ready: code {err.code}: {err.details}")
     raise SystemExit(0 if ready else 1)
+
+
+def _agent_status(conf: NetConf) -> None:
+    """An enforced network is served by the agent: it must answer and be ready."""
+    from cni.agent.client import AgentUnavailable, call
+    from cni.errors import ERR_NOT_AVAILABLE
+    from cni.verbs import agent_required
+
+    try:
+        answer = call(conf.agent_socket, {"v": 1, "op": "status"}, timeout=10)
+    except AgentUnavailable:
+        raise CNIError(ERR_NOT_AVAILABLE, agent_required(conf)) from None
+    click.echo(f"{'agent:':13}{answer.get('summary', '')}")
+    if not answer.get("ready"):
+        raise CNIError(ERR_NOT_AVAILABLE, f"the agent is not ready: {answer.get('reason')}")
 
 
 def _ipam_summary(conf: NetConf) -> str:

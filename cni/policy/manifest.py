@@ -60,9 +60,14 @@ def _parse(doc: object, where: str) -> KubeObject:
 
 def load_manifest(text: str | bytes) -> list[KubeObject]:
     """Every object of a manifest, in order."""
+    return [obj for _, obj in load_manifest_documents(text)]
+
+
+def load_manifest_documents(text: str | bytes) -> list[tuple[dict[str, Any], KubeObject]]:
+    """Every object of a manifest with the document it was read from (to store it)."""
     if isinstance(text, bytes):
         text = text.decode()
-    objects: list[KubeObject] = []
+    found: list[tuple[dict[str, Any], KubeObject]] = []
     for number, doc in enumerate(_documents(text), start=1):
         if doc is None:
             continue
@@ -71,10 +76,13 @@ def load_manifest(text: str | bytes) -> list[KubeObject]:
             items = doc.get("items") or []
             if not isinstance(items, list):
                 raise PolicyInputError(where, "items", items, "must be a list")
-            objects.extend(_parse(item, f"{where}, item {i}") for i, item in enumerate(items))
+            for i, item in enumerate(items):
+                obj = _parse(item, f"{where}, item {i}")
+                found.append((dict(item), obj))
         else:
-            objects.append(_parse(doc, where))
-    return objects
+            obj = _parse(doc, where)
+            found.append((dict(doc), obj))
+    return found
 
 
 def load_manifest_file(path: str | Path) -> list[KubeObject]:

@@ -6,15 +6,17 @@ call into typed values first. The plugin, the agent and sluicectl call them.
 from __future__ import annotations
 
 from cni import log, netconf
-from cni.errors import ERR_INVALID_CONFIG, CNIError
+from cni.errors import ERR_TRY_AGAIN, CNIError
 from cni.netconf import NetConf
 from cni.protocol import Request
 
-AGENT_REQUIRED = (
-    '"policy": "enforce" needs the sluice node agent to compute and install '
-    'NetworkPolicy, and this sluice has no agent yet; set "policy": "off" to run '
-    "without enforcement"
-)
+
+def agent_required(conf: NetConf) -> str:
+    return (
+        f'"policy": "enforce" needs the sluice agent to compute and install the pod\'s '
+        f'policy, and none answers on "{conf.agent_socket}" (start `sluicectl agent`, '
+        'or set "policy": "off" to run without enforcement)'
+    )
 
 
 def load_conf(request: Request) -> NetConf:
@@ -24,6 +26,7 @@ def load_conf(request: Request) -> NetConf:
 
 
 def require_standalone(conf: NetConf) -> None:
-    """ADD and CHECK refuse to wire a pod whose policy nobody would enforce."""
+    """Run in the plugin's own process (no agent answered): ADD and CHECK refuse a pod
+    whose policy nobody would enforce; the runtime tries again later."""
     if conf.policy == "enforce":
-        raise CNIError(ERR_INVALID_CONFIG, AGENT_REQUIRED)
+        raise CNIError(ERR_TRY_AGAIN, agent_required(conf))

@@ -14,16 +14,17 @@ from cni.errors import ERR_NOT_AVAILABLE, CNIError
 from cni.net import masq
 from cni.netconf import NetConf
 from cni.protocol import Request
-from cni.verbs import AGENT_REQUIRED, load_conf
+from cni.verbs import agent_required, load_conf
 
 
 def run(request: Request) -> None:
-    status(load_conf(request))
+    conf = load_conf(request)
+    if conf.policy == "enforce":  # in the plugin's own process: no agent answered
+        raise CNIError(ERR_NOT_AVAILABLE, agent_required(conf))
+    status(conf)
 
 
 def status(conf: NetConf) -> None:
-    if conf.policy == "enforce":
-        raise CNIError(ERR_NOT_AVAILABLE, AGENT_REQUIRED)
     if conf.ip_masq and masq.nft_binary() is None:
         raise CNIError(ERR_NOT_AVAILABLE, '"ipMasq" is on but the nft command is not installed')
     if not datapath_available(conf.bpf_dir):

@@ -20,7 +20,7 @@ LAYERS: list[list[str]] = [
     ["cni.versions", "cni.log", "cni.invoke", "cni.attachment"],
     ["cni.result", "cni.net", "cni.conflist", "cni.launcher"],
     ["cni.protocol", "cni.datapath"],
-    ["cni.netconf"],
+    ["cni.netconf", "cni.call"],
     ["cni.delegate", "cni.policy"],
     ["cni.wiring", "cni.ipam_client"],
     ["cni.verbs"],

@@ -1,0 +1,125 @@
+"""The agent's process: start, serve, stop.
+
+Start: the datapath is loaded (compiled only if what is pinned is not this
+build's) and adopted with its live maps, so established flows and installed
+policies keep working through a restart; the endpoints recorded before are
+adopted if their veths still exist; the sources sync; only then is every
+policy recomputed and reinstalled; then the socket opens. SIGTERM and
+SIGINT stop it cleanly: the socket closes, the pinned datapath stays.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+from cni.agent.enforcer import Enforcer
+from cni.agent.handlers import Handlers
+from cni.agent.server import AgentServer
+from cni.agent.sources import LocalStore
+from cni.agent.state import AgentState, EndpointRecord
+from cni.datapath import loader
+from cni.datapath.maps import Datapath
+from cni.net import link
+from cni.net.netlink import node_socket
+from cni.netconf import NetConf
+
+log = logging.getLogger("sluice.agent")
+
+
+class JSONLines(logging.Formatter):
+    """One JSON object per line: time, level, logger, message, and the exception."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            line["error"] = self.formatException(record.exc_info)
+        return json.dumps(line)
+
+
+def setup_logging(debug: bool) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JSONLines())
+    root = logging.getLogger("sluice")
+    root.handlers[:] = [handler]
+    root.setLevel(logging.DEBUG if debug else logging.INFO)
+    root.propagate = False
+
+
+class Agent:
+    def __init__(self, conf: NetConf, node_name: str, metrics_address: str | None = None) -> None:
+        self.conf = conf
+        self.node_name = node_name
+        self.metrics_address = metrics_address
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        """Serve until SIGTERM or SIGINT."""
+        self.start()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: self.stopped.set())
+        log.info("agent serving network %s on %s", self.conf.network, self.conf.agent_socket)
+        self.stopped.wait()
+        self.stop()
+
+    def start(self) -> None:
+        started = time.monotonic()
+        conf = self.conf
+        if loader.load(conf.bpf_dir):
+            log.info("compiled and pinned the datapath in %s", conf.bpf_dir)
+        self.datapath = Datapath(conf.bpf_dir)
+        self.state = AgentState(conf.state_dir, conf.network)
+        from cni.agent import metrics
+
+        self.metrics = metrics.Metrics(conf, self.datapath)
+        self.enforcer = Enforcer(self.datapath, self.state, self.node_name, self.metrics.observe)
+        self.enforcer.start(self._adopt_endpoints())
+        self.local_store = LocalStore(self.state, self.enforcer)
+        self.local_store.load()
+        self.enforcer.mark_ready()
+        self.handlers = Handlers(conf, self.enforcer, self.local_store, self.metrics)
+        self.server = AgentServer(conf.agent_socket, self.handlers.handle)
+        self._serving = threading.Thread(
+            target=self.server.serve_forever, name="server", daemon=True
+        )
+        self._serving.start()
+        if self.metrics_address:
+            self.metrics.serve(self.metrics_address)
+        log.info("agent ready in %.2f s", time.monotonic() - started)
+
+    def stop(self) -> None:
+        log.info("agent stopping")
+        self.server.close()
+        self.enforcer.stop()
+        self.metrics.close()
+        self.state.close()
+        self.datapath.close()
+
+    def _adopt_endpoints(self) -> list[EndpointRecord]:
+        """The endpoints recorded before, whose veths still exist with the same ifindex."""
+        adopted, gone = [], []
+        with node_socket() as node:
+            for record in self.state.endpoints():
+                from cni.attachment import node_veth_name
+
+                veth = link.get_link(
+                    node, node_veth_name(self.conf.network, record.container_id, record.ifname)
+                )
+                (adopted if veth is not None and veth.index == record.ifindex else gone).append(
+                    record
+                )
+        for record in gone:
+            self.state.remove_endpoint(record.key)
+        log.info("adopted %d endpoints, forgot %d whose veth is gone", len(adopted), len(gone))
+        return adopted

@@ -1,0 +1,328 @@
+"""Every local endpoint's policy: computed from what the agent knows, installed in
+the datapath, kept up to date.
+
+The agent knows objects from its sources (the local manifest store, or the
+Kubernetes API) and its own endpoints (pods it wired, with their addresses).
+A pod's view in the resolver is the source's Pod (labels, container ports)
+with the endpoint's addresses; a pod the runtime named but no source knows
+has no labels. An endpoint serving no named pod (cnitool, ``ctr run``) is
+selected by no policy: it is not isolated.
+
+Consistency rules:
+
+- nothing is computed before every source has synced once (``ready``): an
+  ADD waits for it, and the policies the datapath already holds (pinned,
+  from before a restart) stay as they are until then;
+- a new endpoint's policy is installed before its veth is up (the ADD's
+  ``before_up`` hook), so no packet crosses it unjudged;
+- every install is a whole generation switched in one map write
+  (``cni.datapath.policy.install``); an endpoint's installs are serialised
+  by its own lock and each computes the policy from the newest state, so a
+  slow install can be overtaken, never reverted;
+- every change marks the endpoints it may affect; a worker thread
+  reinstalls those whose policy differs from what is installed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from typing import Any
+
+from cni.agent.state import AgentState, EndpointRecord
+from cni.datapath import policy as datapath_policy
+from cni.datapath.maps import Datapath
+from cni.policy.model import KubeObject, Pod, PodKey
+from cni.policy.resolve import PolicyIndex, service_ips
+
+log = logging.getLogger("sluice.agent")
+
+EndpointKey = tuple[str, str]  # (container id, ifname)
+NOT_ISOLATED = datapath_policy.EndpointPolicy()
+
+
+class NotReady(Exception):
+    """The sources have not synced yet: no policy can be computed from a full view."""
+
+
+class Enforcer:
+    def __init__(
+        self,
+        datapath: Datapath,
+        state: AgentState,
+        node_name: str,
+        observe: Callable[[str, float], None] = lambda name, seconds: None,
+    ) -> None:
+        self.datapath = datapath
+        self.state = state
+        self.node_name = node_name
+        self.observe = observe  # (what, seconds): metrics
+        self.index = PolicyIndex(node_name)
+        self.lock = threading.RLock()  # the index, the sources' pods, the endpoints
+        self.endpoints: dict[EndpointKey, EndpointRecord] = {}
+        self.by_pod: dict[PodKey, EndpointKey] = {}
+        self.source_pods: dict[PodKey, Pod] = {}
+        self.installed: dict[EndpointKey, datapath_policy.EndpointPolicy] = {}
+        self.generations: dict[EndpointKey, int] = {}
+        self._endpoint_locks: dict[EndpointKey, threading.Lock] = {}
+        self._dirty: set[EndpointKey] = set()
+        self._wake = threading.Condition(self.lock)
+        self._ready = threading.Event()
+        self._service_ips: frozenset[str] | None = None
+        self._stopping = False
+        self._worker: threading.Thread | None = None
+
+    # -- life cycle --------------------------------------------------------------------
+
+    def start(self, endpoints: Iterable[EndpointRecord]) -> None:
+        """Adopt the endpoints found at start (their pinned policies keep working) and
+        start the worker; nothing is recomputed before ``mark_ready``."""
+        with self.lock:
+            for record in endpoints:
+                self.endpoints[record.key] = record
+                if record.pod is not None:
+                    self.by_pod[record.pod] = record.key
+        self._worker = threading.Thread(target=self._work, name="enforcer", daemon=True)
+        self._worker.start()
+
+    def mark_ready(self) -> None:
+        """Every source has synced: compute and install everything once."""
+        with self.lock:
+            for record in self.endpoints.values():
+                if record.pod is not None:
+                    self._index_pod(record.pod)
+            self._dirty |= set(self.endpoints)
+            self._ready.set()
+            self._wake.notify()
+
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set()
+
+    def wait_ready(self, timeout: float) -> None:
+        if not self._ready.wait(timeout):
+            raise NotReady("the agent's policy sources have not synced yet")
+
+    def stop(self) -> None:
+        with self.lock:
+            self._stopping = True
+            self._wake.notify()
+        if self._worker is not None:
+            self._worker.join(timeout=10)
+
+    # -- sources -----------------------------------------------------------------------
+
+    def change(
+        self, upserts: Iterable[KubeObject], deletes: Iterable[KubeObject]
+    ) -> set[EndpointKey]:
+        """Apply objects from a source; return the endpoints whose policy may change
+        (they are queued for the worker)."""
+        with self.lock:
+            affected: set[PodKey] = set()
+            for obj in deletes:
+                if isinstance(obj, Pod):
+                    self.source_pods.pop(obj.key, None)
+                    affected |= self._index_pod(obj.key)
+                else:
+                    affected |= self.index.delete(obj)
+            for obj in upserts:
+                if isinstance(obj, Pod):
+                    self.source_pods[obj.key] = obj
+                    affected |= self._index_pod(obj.key)
+                else:
+                    affected |= self.index.upsert(obj)
+            keys = self._endpoints_of(affected)
+            self._queue(keys)
+            return keys
+
+    def replace_all(self, kind: type[KubeObject], objects: list[KubeObject]) -> None:
+        """Make a source's objects of ``kind`` exactly ``objects`` (a relist)."""
+        with self.lock:
+            if kind is Pod:
+                current = set(self.source_pods)
+                wanted = {obj.key for obj in objects if isinstance(obj, Pod)}
+                gone = [self.source_pods[k] for k in current - wanted]
+                self.change(objects, gone)
+                return
+            affected = self.index.replace_all(kind, objects)
+            self._queue(self._endpoints_of(affected))
+
+    # -- endpoints (the CNI verbs) -----------------------------------------------------------
+
+    def endpoint_up(self, record: EndpointRecord, wait: float = 30.0) -> int:
+        """A new endpoint, before its veth is up: remember it and install its policy
+        now; queue the endpoints whose peers it changes. Returns its generation."""
+        self.wait_ready(wait)
+        self.state.put_endpoint(record)
+        with self.lock:
+            old = self.endpoints.get(record.key)
+            if old is not None and old.pod is not None and old.pod != record.pod:
+                self.by_pod.pop(old.pod, None)
+            self.endpoints[record.key] = record
+            self.installed.pop(record.key, None)  # a new veth: nothing installed on it yet
+            affected: set[PodKey] = set()
+            if record.pod is not None:
+                self.by_pod[record.pod] = record.key
+                affected = self._index_pod(record.pod)
+            self._queue(self._endpoints_of(affected) - {record.key})
+        return self._enforce(record.key)
+
+    def endpoint_gone(self, key: EndpointKey) -> None:
+        """DEL or GC removed the endpoint: forget it; its pod's addresses go from the
+        other endpoints' peers."""
+        self.state.remove_endpoint(key)
+        with self.lock:
+            record = self.endpoints.pop(key, None)
+            self.installed.pop(key, None)
+            self.generations.pop(key, None)
+            self._dirty.discard(key)
+            self._endpoint_locks.pop(key, None)
+            if record is None or record.pod is None:
+                return
+            if self.by_pod.get(record.pod) == key:
+                del self.by_pod[record.pod]
+            self._queue(self._endpoints_of(self._index_pod(record.pod)))
+
+    def endpoint_policy(self, key: EndpointKey) -> datapath_policy.EndpointPolicy:
+        """What the endpoint's policy should be now."""
+        with self.lock:
+            record = self.endpoints.get(key)
+            if record is None or record.pod is None:
+                return NOT_ISOLATED
+            return self.index.resolve(record.pod).endpoint
+
+    def enforce_now(self, keys: Iterable[EndpointKey]) -> None:
+        """Install these endpoints' policies before returning (``sluicectl apply``)."""
+        for key in sorted(keys):
+            self._enforce(key)
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _index_pod(self, key: PodKey) -> frozenset[PodKey]:
+        """Put the pod's current view into the index (or take it out): the source's
+        object with the local endpoint's addresses. Call with the lock held."""
+        source = self.source_pods.get(key)
+        endpoint = self.endpoints.get(self.by_pod[key]) if key in self.by_pod else None
+        if endpoint is not None:
+            base = source or Pod(namespace=key[0], name=key[1])
+            return self.index.upsert_pod(
+                replace(base, ips=endpoint.ips, node_name=self.node_name, host_network=False)
+            )
+        if source is not None:
+            if source.node_name == self.node_name and not source.host_network:
+                # Scheduled here but not (or no longer) wired: its addresses, if the source
+                # still reports any, are no pod's on this node.
+                source = replace(source, node_name="")
+            return self.index.upsert_pod(source)
+        return self.index.delete_pod(key)
+
+    def _endpoints_of(self, pods: Iterable[PodKey]) -> set[EndpointKey]:
+        return {self.by_pod[p] for p in pods if p in self.by_pod}
+
+    def _queue(self, keys: set[EndpointKey]) -> None:
+        if keys:
+            self._dirty |= keys
+            self._wake.notify()
+        services = service_ips(self.index)
+        if services != self._service_ips:
+            self._service_ips = services
+            self._set_service_ips(services)
+
+    def _set_service_ips(self, ips: frozenset[str]) -> None:
+        setter = getattr(self.datapath, "set_service_ips", None)
+        if setter is not None:
+            setter(ips)
+
+    def _endpoint_lock(self, key: EndpointKey) -> threading.Lock:
+        with self.lock:
+            return self._endpoint_locks.setdefault(key, threading.Lock())
+
+    def _enforce(self, key: EndpointKey) -> int:
+        """Install the endpoint's current policy unless it is installed already."""
+        with self._endpoint_lock(key):
+            with self.lock:
+                record = self.endpoints.get(key)
+                if record is None:
+                    return 0
+                self._dirty.discard(key)
+                started = time.perf_counter()
+                desired = self.endpoint_policy(key)
+                self.observe("compute", time.perf_counter() - started)
+                if self.installed.get(key) == desired:
+                    return self.generations.get(key, 0)
+            started = time.perf_counter()
+            generation = datapath_policy.install(self.datapath, record.ifindex, desired)
+            self.observe("install", time.perf_counter() - started)
+            with self.lock:
+                if self.endpoints.get(key) == record:
+                    self.installed[key] = desired
+                    self.generations[key] = generation
+            log.debug("installed policy generation %d on %s", generation, record.ifindex)
+            return generation
+
+    def _work(self) -> None:
+        while True:
+            with self.lock:
+                while not self._stopping and not (self._ready.is_set() and self._dirty):
+                    self._wake.wait()
+                if self._stopping:
+                    return
+                batch = sorted(self._dirty)
+            for key in batch:
+                try:
+                    self._enforce(key)
+                except Exception as err:  # keep going; the endpoint stays dirty
+                    log.error("failed to install the policy of %s: %s", key, err)
+                    with self.lock:
+                        self._dirty.add(key)
+                    time.sleep(0.5)
+
+    # -- views ------------------------------------------------------------------------------
+
+    def describe_endpoints(self) -> list[dict[str, Any]]:
+        with self.lock:
+            out = []
+            for key, record in sorted(self.endpoints.items()):
+                installed = self.installed.get(key)
+                out.append(
+                    {
+                        "pod": "/".join(record.pod) if record.pod else None,
+                        "containerID": record.container_id,
+                        "ifname": record.ifname,
+                        "ifindex": record.ifindex,
+                        "ips": list(record.ips),
+                        "ingressIsolated": bool(installed and installed.ingress is not None),
+                        "egressIsolated": bool(installed and installed.egress is not None),
+                        "policies": ["/".join(p) for p in self._selected_by(record.pod)],
+                        "generation": self.generations.get(key),
+                        "pending": key in self._dirty or installed is None,
+                    }
+                )
+            return out
+
+    def describe_policies(self) -> list[dict[str, Any]]:
+        """Every policy, with the local pods it selects."""
+        with self.lock:
+            local = {record.pod: record for record in self.endpoints.values() if record.pod}
+            out = []
+            for key, found in sorted(self.index.store.policies.items()):
+                selects = ["/".join(pod) for pod in sorted(local) if key in self._selected_by(pod)]
+                out.append(
+                    {
+                        "policy": "/".join(key),
+                        "policyTypes": [d for d in ("ingress", "egress") if found.isolates(d)],
+                        "ingressRules": len(found.rules("ingress")),
+                        "egressRules": len(found.rules("egress")),
+                        "localPods": selects,
+                    }
+                )
+            return out
+
+    def _selected_by(self, pod: PodKey | None) -> list[PodKey]:
+        if pod is None:
+            return []
+        found = self.index.pod(pod)
+        return list(self.index.selecting_policies(found)) if found else []

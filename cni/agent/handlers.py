@@ -1,0 +1,245 @@
+"""What the agent does for each request on its socket.
+
+``cni``: a CNI call forwarded by the ``sluice`` executable, run exactly as the
+plugin would run it (same parsing, same verbs, same error JSON), with the
+policy hooks: ADD installs the pod's policy before its veth is up, DEL and GC
+forget endpoints, CHECK also compares the installed policy, STATUS also says
+whether the agent is ready. Calls for one attachment are serialised; calls
+for different attachments run at once.
+
+``apply``, ``delete``, ``get``, ``explain``, ``status``: sluicectl's.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from cni import netconf
+from cni.agent import wire
+from cni.agent.enforcer import Enforcer, NotReady
+from cni.agent.sources import LocalStore
+from cni.agent.state import EndpointRecord
+from cni.call import execute
+from cni.errors import (
+    ERR_CHECK_FAILED,
+    ERR_INVALID_CONFIG,
+    ERR_NOT_AVAILABLE,
+    ERR_TRY_AGAIN,
+    CNIError,
+)
+from cni.netconf import NetConf
+from cni.protocol import Request, prev_result, requested_mac, valid_attachments
+from cni.verbs import add, check, delete, gc, status
+
+log = logging.getLogger("sluice.agent")
+
+READY_WAIT = 30.0  # an ADD waits this long for the sources to sync
+
+
+class Handlers:
+    def __init__(
+        self, conf: NetConf, enforcer: Enforcer, local_store: LocalStore, metrics: Any
+    ) -> None:
+        self.conf = conf
+        self.enforcer = enforcer
+        self.local_store = local_store
+        self.metrics = metrics
+        self._locks: dict[tuple[str, str], threading.Lock] = {}
+        self._locks_guard = threading.Lock()
+
+    def handle(self, request: dict[str, Any]) -> dict[str, Any]:
+        if request.get("v") != wire.VERSION:
+            return {"error": f"unsupported protocol version {request.get('v')!r}"}
+        op = request.get("op")
+        handler = {
+            "cni": self.cni,
+            "status": self.status,
+            "apply": self.apply,
+            "delete": self.delete,
+            "get": self.get,
+            "explain": self.explain,
+        }.get(op)  # type: ignore[arg-type]
+        if handler is None:
+            return {"error": f"unknown op {op!r}"}
+        return handler(request)
+
+    # -- CNI ------------------------------------------------------------------------------
+
+    def cni(self, request: dict[str, Any]) -> dict[str, Any]:
+        env = request.get("env")
+        if not isinstance(env, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+        ):
+            return {"error": "env must be an object of strings"}
+        try:
+            stdin = wire.cni_stdin(request)
+        except wire.WireError as err:
+            return {"error": str(err)}
+        started = time.perf_counter()
+        rc, out = execute(env, stdin, self._verb)
+        self.metrics.cni_call(env.get("CNI_COMMAND", ""), rc, time.perf_counter() - started)
+        return {"rc": rc, "stdout": out, "stderr": ""}
+
+    def _verb(self, request: Request) -> dict[str, Any] | None:
+        conf = netconf.from_request(request)
+        if conf.network != self.conf.network:
+            raise CNIError(
+                ERR_INVALID_CONFIG,
+                f'this agent serves network "{self.conf.network}", not "{conf.network}"',
+            )
+        if request.command == "STATUS":
+            self._require_ready()
+            status.status(conf)
+            return None
+        if request.command == "GC":
+            valid = valid_attachments(request.config)
+            gc.gc(conf, valid)
+            for key in list(self.enforcer.endpoints):
+                if key not in valid:
+                    self.enforcer.endpoint_gone(key)
+            return None
+        attachment = request.attachment
+        with self._lock(attachment.key):
+            if request.command == "ADD":
+                return self._add(conf, request)
+            if request.command == "DEL":
+                try:
+                    prev = prev_result(request)
+                except CNIError:
+                    prev = None
+                delete.delete(conf, attachment, prev)
+                self.enforcer.endpoint_gone(attachment.key)
+                return None
+            prev = prev_result(request)
+            if prev is None:
+                raise CNIError(ERR_INVALID_CONFIG, "CHECK needs the ADD result as prevResult")
+            check.check(conf, attachment, prev)
+            self._check_policy(attachment.key)
+            return None
+
+    def _add(self, conf: NetConf, request: Request) -> dict[str, Any]:
+        self._require_ready()
+        attachment = request.attachment
+        registered = False
+
+        def before_up(ifindex: int, ips: list[str]) -> None:
+            nonlocal registered
+            record = EndpointRecord(
+                attachment.container_id,
+                attachment.ifname,
+                ifindex,
+                tuple(ips),
+                attachment.pod_namespace,
+                attachment.pod_name,
+            )
+            registered = True
+            try:
+                self.enforcer.endpoint_up(record, READY_WAIT)
+            except NotReady as err:
+                raise CNIError(ERR_TRY_AGAIN, str(err)) from None
+
+        try:
+            result = add.add(
+                conf,
+                attachment,
+                prev_result(request),
+                requested_mac(request),
+                before_up=before_up,
+            )
+        except BaseException:
+            if registered:  # the ADD was undone: so is the endpoint
+                self.enforcer.endpoint_gone(attachment.key)
+            raise
+        return result.to_json(request.cni_version)
+
+    def _check_policy(self, key: tuple[str, str]) -> None:
+        desired = self.enforcer.endpoint_policy(key)
+        installed = self.enforcer.installed.get(key)
+        if installed != desired:
+            raise CNIError(
+                ERR_CHECK_FAILED, f"the policy of {key[0]}/{key[1]} is not installed yet"
+            )
+
+    def _require_ready(self) -> None:
+        if not self.enforcer.ready:
+            try:
+                self.enforcer.wait_ready(READY_WAIT)
+            except NotReady as err:
+                raise CNIError(ERR_NOT_AVAILABLE, str(err)) from None
+
+    def _lock(self, key: tuple[str, str]) -> threading.Lock:
+        with self._locks_guard:
+            return self._locks.setdefault(key, threading.Lock())
+
+    # -- sluicectl --------------------------------------------------------------------------
+
+    def status(self, request: dict[str, Any]) -> dict[str, Any]:
+        ready = self.enforcer.ready
+        return {
+            "ready": ready,
+            "reason": None if ready else "the policy sources have not synced yet",
+            "summary": f"network {self.conf.network}, {len(self.enforcer.endpoints)} endpoints, "
+            f"{'ready' if ready else 'syncing'}",
+        }
+
+    def apply(self, request: dict[str, Any]) -> dict[str, Any]:
+        return self._change(request, self.local_store.apply)
+
+    def delete(self, request: dict[str, Any]) -> dict[str, Any]:
+        return self._change(request, self.local_store.delete)
+
+    def _change(self, request: dict[str, Any], change: Any) -> dict[str, Any]:
+        from cni.policy.errors import PolicyInputError
+
+        text = request.get("manifest")
+        if not isinstance(text, str):
+            return {"error": "manifest must be a string"}
+        try:
+            names, affected = change(text)
+        except PolicyInputError as err:
+            return {"error": str(err)}
+        started = time.perf_counter()
+        self.enforcer.enforce_now(affected)  # returns once the datapath enforces it
+        return {
+            "objects": names,
+            "endpoints": len(affected),
+            "seconds": round(time.perf_counter() - started, 4),
+        }
+
+    def get(self, request: dict[str, Any]) -> dict[str, Any]:
+        what = request.get("what")
+        if what == "endpoints":
+            return {"endpoints": self.enforcer.describe_endpoints()}
+        if what == "policies":
+            return {"policies": self.enforcer.describe_policies()}
+        return {"error": f"unknown kind {what!r}: expected endpoints or policies"}
+
+    def explain(self, request: dict[str, Any]) -> dict[str, Any]:
+        from cni.policy import explain
+
+        pod = request.get("pod")
+        if not isinstance(pod, str) or pod.count("/") != 1:
+            return {"error": f"pod must be NAMESPACE/NAME, not {pod!r}"}
+        key = tuple(pod.split("/"))
+        flow = request.get("flow")
+        with self.enforcer.lock:
+            if self.enforcer.index.pod(key) is None:  # type: ignore[arg-type]
+                return {"error": f"the agent knows no pod {pod}"}
+            if flow is None:
+                found = explain.explain(self.enforcer.index, key)  # type: ignore[arg-type]
+                return {"explanation": found.to_dict(), "text": found.to_text()}
+            try:
+                decided = explain.verdict(
+                    self.enforcer.index,
+                    key,  # type: ignore[arg-type]
+                    flow["direction"],
+                    flow["address"],
+                    int(flow["port"]),
+                    flow["protocol"],
+                )
+            except (KeyError, TypeError, ValueError) as err:
+                return {"error": f"bad flow {flow!r}: {err}"}
+            return {"verdict": decided.to_dict()}

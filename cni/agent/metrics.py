@@ -1,0 +1,139 @@
+"""The agent's Prometheus metrics (``sluicectl agent --metrics-address HOST:PORT``).
+
+Latencies are observed as they happen (CNI calls by verb and outcome; policy
+compute and install); everything else is read when Prometheus scrapes: the
+IPAM's numbers (as ``sluicectl ipam show`` computes them), the datapath's map
+fill and its per-direction verdict counters.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from cni.datapath.maps import Datapath
+from cni.netconf import NetConf
+
+log = logging.getLogger("sluice.agent")
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+
+class Metrics:
+    def __init__(self, conf: NetConf, datapath: Datapath) -> None:
+        self.registry = CollectorRegistry()
+        self.cni = Histogram(
+            "sluice_cni_duration_seconds",
+            "CNI calls served by the agent, by verb and outcome.",
+            ["verb", "result"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.policy = Histogram(
+            "sluice_policy_duration_seconds",
+            "Policy work per endpoint: compute (resolve) and install (compile and switch).",
+            ["step"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.registry.register(_Scraped(conf, datapath))
+        self._server: Any = None
+
+    def cni_call(self, verb: str, rc: int, seconds: float) -> None:
+        self.cni.labels(verb or "-", "ok" if rc == 0 else "error").observe(seconds)
+
+    def observe(self, step: str, seconds: float) -> None:
+        self.policy.labels(step).observe(seconds)
+
+    def serve(self, address: str) -> None:
+        from prometheus_client import start_http_server
+
+        host, _, port = address.rpartition(":")
+        self._server, _ = start_http_server(int(port), host or "127.0.0.1", self.registry)
+        log.info("metrics on http://%s/metrics", address)
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+
+
+class _Scraped(Collector):
+    """Numbers read at scrape time."""
+
+    def __init__(self, conf: NetConf, datapath: Datapath) -> None:
+        self.conf = conf
+        self.datapath = datapath
+
+    def collect(self) -> Iterator[Any]:
+        yield from self._ipam()
+        yield from self._datapath()
+
+    def _ipam(self) -> Iterator[Any]:
+        from cni.netconf import DelegatedIPAM
+
+        if isinstance(self.conf.ipam, DelegatedIPAM):
+            return
+        from ipam.errors import IPAMError
+        from ipam.modes import open_allocator
+        from ipam.report import network_report
+
+        try:
+            with open_allocator(self.conf.ipam) as allocator:
+                stats = network_report(allocator)["stats"]
+        except IPAMError as err:
+            log.warning("metrics: cannot read the IPAM store: %s", err)
+            return
+        network = self.conf.network
+        for name, help_text, value in (
+            ("allocated", "Addresses allocated.", stats["allocated"]),
+            ("free", "Addresses neither allocated nor cooling.", stats["free"]),
+            ("free_aligned_blocks", "Free aligned blocks.", stats["freeAlignedBlocks"]),
+            ("packing", "Prefixes held / prefixes needed (prefix mode).", stats["packing"]),
+            ("prefixes_held", "Prefixes held (prefix mode).", stats["prefixesHeld"]),
+        ):
+            if value is None:
+                continue
+            gauge = GaugeMetricFamily(f"sluice_ipam_{name}", help_text, labels=["network"])
+            gauge.add_metric([network], value)
+            yield gauge
+        largest = stats["largestFreeBlock"]
+        gauge = GaugeMetricFamily(
+            "sluice_ipam_largest_free_block_addresses",
+            "Addresses in the largest free aligned block.",
+            labels=["network"],
+        )
+        gauge.add_metric([network], 2 ** (32 - int(largest.split("/")[1])) if largest else 0)
+        yield gauge
+
+    def _datapath(self) -> Iterator[Any]:
+        try:
+            counters = self.datapath.counters()
+            endpoints = len(self.datapath.endpoints())
+        except Exception as err:  # the datapath may be reloading
+            log.warning("metrics: cannot read the datapath: %s", err)
+            return
+        packets = CounterMetricFamily(
+            "sluice_datapath_packets",
+            "Packets judged by the datapath, by direction (of the pod) and verdict or drop reason.",
+            labels=["direction", "verdict"],
+        )
+        for direction, reasons in counters.items():
+            for reason, count in reasons.items():
+                packets.add_metric([direction, reason], count)
+        yield packets
+        fill = GaugeMetricFamily(
+            "sluice_datapath_map_entries", "Entries in the datapath's maps.", labels=["map"]
+        )
+        fill.add_metric(["endpoints"], endpoints)
+        for name, value in self._fill().items():
+            fill.add_metric([name], value)
+        yield fill
+
+    def _fill(self) -> dict[str, float]:
+        reader = getattr(self.datapath, "fill_levels", None)
+        return reader() if reader is not None else {}

@@ -1,0 +1,122 @@
+"""The agent's unix socket: who may connect, how much they may send, one thread
+per connection.
+
+The socket is created with mode 0600 inside a root-owned directory of mode
+0700, and every connection's peer credentials (SO_PEERCRED) are checked
+before anything is read: only root (or the agent's own user) is served. A
+request is read with a size limit and a deadline; whatever goes wrong with
+one connection is answered (or dropped) without touching the others.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import socketserver
+import stat
+import struct
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from cni.agent import wire
+
+log = logging.getLogger("sluice.agent")
+
+REQUEST_DEADLINE = 10.0  # seconds to send a whole request
+MAX_CONCURRENT = 64  # requests served at once; more wait for a slot
+UCRED = struct.Struct("3i")  # pid, uid, gid
+
+Handler = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+class ServerError(Exception):
+    pass
+
+
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, UCRED.size)
+    pid, uid, gid = UCRED.unpack(raw)
+    return pid, uid, gid
+
+
+class _Connection(socketserver.BaseRequestHandler):
+    server: AgentServer
+
+    def handle(self) -> None:
+        sock: socket.socket = self.request
+        pid, uid, _ = peer_credentials(sock)
+        if uid not in (0, os.geteuid()):
+            log.warning("refused a connection from pid %d uid %d", pid, uid)
+            return
+        with self.server.slots:
+            sock.settimeout(REQUEST_DEADLINE)
+            try:
+                request = wire.receive(sock, wire.MAX_REQUEST)
+            except (OSError, wire.WireError) as err:
+                log.warning("bad request from pid %d: %s", pid, err)
+                with contextlib.suppress(OSError):
+                    wire.send(sock, {"error": f"bad request: {err}"})
+                return
+            sock.settimeout(None)
+            try:
+                answer = self.server.handler(request)
+            except Exception as err:  # a bug in one request must not take the agent down
+                log.exception("request from pid %d failed", pid)
+                answer = {"error": f"internal error: {err!r}"}
+            with contextlib.suppress(OSError):
+                wire.send(sock, answer)
+
+
+class AgentServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+    allow_reuse_address = False
+
+    def __init__(self, path: str, handler: Handler) -> None:
+        self.handler = handler
+        self.slots = threading.BoundedSemaphore(MAX_CONCURRENT)
+        self.path = path
+        _prepare_directory(os.path.dirname(path))
+        _remove_stale(path)
+        staging = f"{path}.{os.getpid()}"
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(staging)
+        old_umask = os.umask(0o177)  # the socket is born 0600
+        try:
+            super().__init__(staging, _Connection)
+        finally:
+            os.umask(old_umask)
+        os.chmod(staging, 0o600)
+        os.replace(staging, path)
+        self.server_address = path
+
+    def close(self) -> None:
+        self.shutdown()
+        self.server_close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+
+def _prepare_directory(directory: str) -> None:
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    info = os.stat(directory)
+    if info.st_uid != os.geteuid():
+        raise ServerError(f'"{directory}" is owned by uid {info.st_uid}, not by the agent')
+    if stat.S_IMODE(info.st_mode) & 0o022:
+        raise ServerError(f'"{directory}" may be written by others (mode {info.st_mode:o})')
+
+
+def _remove_stale(path: str) -> None:
+    if not os.path.exists(path):
+        return
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except OSError:
+        os.unlink(path)  # nobody listens: left by an agent that died
+        return
+    finally:
+        probe.close()
+    raise ServerError(f'another agent already serves "{path}"')

@@ -1,0 +1,36 @@
+"""sluicectl agent: the node agent."""
+
+from __future__ import annotations
+
+import socket
+
+import click
+
+from cni.cli.common import conf_option, load_conflist, netconf_of
+
+
+@click.command()
+@conf_option
+@click.option(
+    "--node-name",
+    default=None,
+    help="This node's name, as pods' nodeName has it [default: the host name].",
+)
+@click.option(
+    "--metrics-address",
+    default=None,
+    metavar="HOST:PORT",
+    help="Serve Prometheus metrics here (off by default).",
+)
+@click.option("--debug", is_flag=True, help="Log every policy install.")
+def agent(
+    conf_path: str | None, node_name: str | None, metrics_address: str | None, debug: bool
+) -> None:
+    """Run the node agent for the network in --conf: serve the plugin's CNI calls on
+    the network's agentSocket, and compute and install every pod's policy (from the
+    objects given with `sluicectl apply`). Stops cleanly on SIGTERM."""
+    from cni.agent.daemon import Agent, setup_logging
+
+    setup_logging(debug)
+    conf = netconf_of(load_conflist(conf_path))
+    Agent(conf, node_name or socket.gethostname(), metrics_address).run()
