@@ -20,6 +20,8 @@ import pytest
 
 from tests.support.cni_run import (
     TEST_BPF_DIR,
+    TEST_NETNS_PREFIX,
+    TEST_NETWORK_PREFIX,
     Network,
     PodNamespaces,
     leftover_links,
@@ -29,11 +31,6 @@ from tests.support.cni_run import (
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = ROOT / ".venv" / "bin"
 REFERENCE_PLUGINS = Path("/usr/lib/cni")
-# Names carry a per-session tag, so that two test sessions on one machine never
-# take each other's namespaces or networks for leftovers.
-SESSION_TAG = f"{os.getpid() % 4096:03x}"
-TEST_NETNS_PREFIX = f"slt-{SESSION_TAG}-"
-TEST_NETWORK_PREFIX = f"slt{SESSION_TAG}"
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -21,6 +21,11 @@ SLUICECTL = Path(__file__).resolve().parent.parent.parent / ".venv" / "bin" / "s
 # One datapath for the whole test session (as on a node: one per node, shared by
 # networks); the session fixture in conftest removes it at the end.
 TEST_BPF_DIR = f"/sys/fs/bpf/slt-{os.getpid()}"
+# Names carry a per-session tag, so that two test sessions on one machine never
+# take each other's namespaces or networks for leftovers.
+SESSION_TAG = f"{os.getpid() % 4096:03x}"
+TEST_NETNS_PREFIX = f"slt-{SESSION_TAG}-"
+TEST_NETWORK_PREFIX = f"slt{SESSION_TAG}"
 
 
 def sluicectl(*args: object) -> subprocess.CompletedProcess[str]:
