@@ -10,7 +10,7 @@ from typing import Any
 
 from cni.agent import wire
 
-CONNECT_TIMEOUT = 2.0
+CONNECT_TIMEOUT = 10.0  # a busy agent accepts late; a missing one fails at once
 
 
 class AgentUnavailable(Exception):

@@ -73,6 +73,7 @@ class _Connection(socketserver.BaseRequestHandler):
 class AgentServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
     allow_reuse_address = False
+    request_queue_size = socket.SOMAXCONN  # a burst of pod starts connects at once
 
     def __init__(self, path: str, handler: Handler) -> None:
         self.handler = handler
