@@ -194,11 +194,11 @@ def test_invalid_config_values_are_named(
 
 def test_enforce_policy_needs_the_agent(network: Network, pods: PodNamespaces) -> None:
     netns = pods.new()
-    config = network.config(policy="enforce")
+    config = network.config(policy="enforce", agentSocket=f"{network.state_dir}/none.sock")
     code, details = error_of(
         network.run("ADD", config, container_id="c", netns=netns, ifname="eth0")
     )
-    assert code == 7 and "agent" in details
+    assert code == 11 and "agent" in details
     assert network.veths() == [] and network.allocations() == {}
     # Nothing to undo, but DEL and GC still work without the agent.
     network.run("DEL", config, container_id="c", netns=netns, ifname="eth0").ok()
