@@ -77,12 +77,13 @@ def verdict(
     if rules is None:
         return Verdict(True, "not isolated: default allow")
     names = ", ".join(_name(key) for key in resolved.policies(direction))
+    pod = index.pod(pod_key)
+    if pod is not None and peer_address in pod.ips:
+        return Verdict(True, "a pod may always reach itself")
     if ipaddress.ip_address(peer_address).version == 6:
         return Verdict(False, f"isolated by policies [{names}]; IPv6 is dropped (IPv4 datapath)")
     for rule, origin in zip(rules, resolved.origins(direction), strict=True):
         if rule_allows(rule, peer_address, port, protocol):
-            if origin.policy is None:
-                return Verdict(True, "a pod may always reach itself")
             return Verdict(True, f"allowed by {origin}", origin.policy, origin.rule_index)
     return Verdict(False, f"isolated by policies [{names}]; no rule allows it")
 
@@ -182,8 +183,6 @@ def _ports_text(ports: tuple[Ports, ...]) -> tuple[str, ...]:
 def _peers_text(
     rule: AllowRule, origin: RuleOrigin, pods_by_address: dict[str, list[str]]
 ) -> tuple[str, ...]:
-    if origin.policy is None:
-        return ("itself",)
     if not rule.peers:
         return ("any peer",)
     shown = []
@@ -214,9 +213,15 @@ def explain(index: PolicyIndex, pod_key: PodKey) -> Explanation:
         if rules is None:
             parts.append(DirectionExplanation(direction, isolated=False))
             continue
-        lines = tuple(
-            AllowLine(origin, _peers_text(rule, origin, pods_by_address), _ports_text(rule.ports))
-            for rule, origin in zip(rules, resolved.origins(direction), strict=True)
+        itself = AllowLine(RuleOrigin(direction), ("itself",), _ports_text(()))
+        lines = (
+            itself,
+            *(
+                AllowLine(
+                    origin, _peers_text(rule, origin, pods_by_address), _ports_text(rule.ports)
+                )
+                for rule, origin in zip(rules, resolved.origins(direction), strict=True)
+            ),
         )
         parts.append(DirectionExplanation(direction, True, resolved.policies(direction), lines))
     return Explanation(

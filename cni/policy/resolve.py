@@ -7,8 +7,9 @@ Semantics (networking.k8s.io/v1, as Kubernetes and its e2e suite have them):
   union of those policies' rules in that direction, and nothing else;
   no rules at all is deny all;
 - a direction no policy isolates is not isolated (``None``): everything passes;
-- a pod may always reach itself: each isolated direction also allows the
-  pod's own addresses (first, so ``explain`` names it);
+- a pod may always reach itself: traffic to its own address never leaves its
+  namespace, so no rule is needed (``explain`` names it all the same), and
+  pods selected by the same policies get equal rule sets, compiled once;
 - hostNetwork pods are no policy targets (they have no endpoint); as peers
   they are their addresses (the node's), like any other address;
 - pods without an address are no peers;
@@ -369,9 +370,8 @@ class PolicyIndex:
         isolating = tuple(key for key in selecting if self.store.policies[key].isolates(direction))
         if not isolating:
             return None, (), ()
-        own = self.pod_peers(pod)
-        rules: list[AllowRule] = [AllowRule(own, ())] if own else []
-        origins: list[RuleOrigin] = [RuleOrigin(direction)] if own else []
+        rules: list[AllowRule] = []
+        origins: list[RuleOrigin] = []
         for policy_key in isolating:
             for compiled in self.compiled(policy_key).rules(direction) or ():
                 allows = compiled.for_target(pod)

@@ -6,7 +6,7 @@ compares who can connect to whom with what Kubernetes expects.
 
 from __future__ import annotations
 
-from cni.datapath.policy import AllowRule, PeerCIDR, Ports
+from cni.datapath.policy import Ports
 from tests.unit.policy.cluster import (
     PODS,
     can_connect,
@@ -234,8 +234,8 @@ def test_named_port_needs_matching_protocol() -> None:
     index = cluster(allow)
     assert reachability(index, 80, "TCP") == everything() - into({X_A})
     assert reachability(index, 80, "UDP") == everything() - into({X_A})
-    # Only the pod's own address remains.
-    assert index.resolve(X_A).endpoint.ingress == (AllowRule((PeerCIDR("10.1.0.1/32"),), ()),)
+    # Isolated, and no rule is left.
+    assert index.resolve(X_A).endpoint.ingress == ()
 
 
 def test_named_port_egress_uses_each_peer_pods_port() -> None:
@@ -262,7 +262,7 @@ status: {podIP: 10.2.0.4}
     egress = index.resolve(X_A).endpoint.egress
     assert egress is not None
     # y/a, y/b, y/c resolve to UDP 81 and share a rule; y/d resolves to TCP 8080.
-    by_ports = {rule.ports: {p.cidr for p in rule.peers} for rule in egress[1:]}
+    by_ports = {rule.ports: {p.cidr for p in rule.peers} for rule in egress}
     assert by_ports == {
         (Ports("udp", 81, 81),): {"10.2.0.1/32", "10.2.0.2/32", "10.2.0.3/32"},
         (Ports("tcp", 8080, 8080),): {"10.2.0.4/32"},
@@ -335,7 +335,7 @@ def test_policy_types_default_adds_egress_when_there_are_egress_rules() -> None:
   egress: [{to: [{podSelector: {matchLabels: {pod: b}}}]}]"""
     index = cluster(policy("x", "egress-default", spec))
     resolved = index.resolve(X_A)
-    assert resolved.endpoint.ingress == ((AllowRule((PeerCIDR("10.1.0.1/32"),), ()),))
+    assert resolved.endpoint.ingress == ()
     assert resolved.endpoint.egress is not None
     assert reachability(index) == everything() - into({X_A}) - out_of({X_A}) | {(X_A, ("x", "b"))}
 
@@ -347,7 +347,7 @@ def test_explicit_egress_only_ignores_ingress_rules_and_leaves_ingress_open() ->
     index = cluster(policy("x", "egress-only", spec))
     resolved = index.resolve(X_A)
     assert resolved.endpoint.ingress is None
-    assert resolved.endpoint.egress == ((AllowRule((PeerCIDR("10.1.0.1/32"),), ()),))
+    assert resolved.endpoint.egress == ()
     assert reachability(index) == everything() - out_of({X_A})
 
 
@@ -389,7 +389,7 @@ def test_selector_that_matches_no_pod_allows_nothing_not_everything() -> None:
   ingress: [{from: [{podSelector: {matchLabels: {pod: nobody}}}]}]""",
     )
     index = cluster(allow)
-    assert index.resolve(X_A).endpoint.ingress == ((AllowRule((PeerCIDR("10.1.0.1/32"),), ()),))
+    assert index.resolve(X_A).endpoint.ingress == ()
     assert reachability(index) == everything() - into({X_A})
 
 
