@@ -82,8 +82,8 @@ def wire(
     node_link = link.get_link(node, attachment.node_veth)
     if pod_link is None or node_link is None:
         raise RuntimeError(f"veth {attachment.node_veth}/{ifname} vanished after creation")
-    pod_ip = str(ipaddress.ip_interface(addresses[0]).ip)
-    endpoint.attach(node, node_link.index, node_link.name, pod_ip, bpf_dir)
+    pod_ips = [str(ipaddress.ip_interface(a).ip) for a in addresses]
+    endpoint.attach(node, node_link.index, node_link.name, pod_ips, bpf_dir)
 
     for cidr in addresses:
         addr.add_address(pod, pod_link.index, ifname, cidr)
@@ -121,8 +121,9 @@ def pod_routed_to(node: IPRoute, ip: str) -> str | None:
 
 
 def unwire(node: IPRoute, attachment: Attachment, bpf_dir: str) -> list[str]:
-    """Forget the endpoint, delete the pair (the pod end goes with it); return the pod
-    addresses it carried. A veth labelled for another network is left alone.
+    """Delete the pair (the pod end goes with it), then forget the endpoint, so the
+    pair is never up and unfiltered; return the pod addresses it carried. A veth
+    labelled for another network is left alone.
     """
     node_link = link.get_link(node, attachment.node_veth)
     if node_link is None:
@@ -134,6 +135,6 @@ def unwire(node: IPRoute, attachment: Attachment, bpf_dir: str) -> list[str]:
     if owner is not None and owner[0] != attachment.network:
         return []
     ips = node_routed_ips(node, node_link)
-    endpoint.detach(node_link.index, bpf_dir)
     link.delete_link(node, attachment.node_veth)
+    endpoint.detach(node_link.index, bpf_dir)
     return ips

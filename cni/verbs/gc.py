@@ -34,8 +34,8 @@ def run(request: Request) -> None:
                 remaining_ips += wiring.node_routed_ips(node, veth)
                 continue
             try:
-                endpoint.detach(veth.index, conf.bpf_dir)
                 link.delete_link(node, veth.name)
+                endpoint.detach(veth.index, conf.bpf_dir)
                 log.info("gc: removed veth %s of %s/%s", veth.name, container_id, ifname)
             except CNIError as err:
                 errors.append(err)
