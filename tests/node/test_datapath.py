@@ -9,6 +9,8 @@ tests compare them before and after.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import threading
 import time
@@ -18,11 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from cni.datapath import loader
+from cni.datapath import bpf, loader, settings
 from cni.datapath import policy as P
 from cni.datapath.endpoint import link_path, pinned_programs
 from cni.datapath.events import follow
-from cni.datapath.maps import Datapath
+from cni.datapath.maps import Datapath, DatapathMismatch
+from cni.errors import CNIError
 from tests.support.cni_run import (
     SLUICECTL,
     TEST_BPF_DIR,
@@ -631,3 +634,39 @@ def test_compiling_ten_thousand_peers_is_fast() -> None:
     compiled = P.compile_direction(rules)
     assert time.monotonic() - started < 10
     assert len(compiled.peers) == 10000 and compiled.size == 20000
+
+
+# -- upgrades and settings ---------------------------------------------------------------------
+
+
+def test_a_datapath_of_another_layout_is_refused_then_replaced(tmp_path: Path) -> None:
+    """Maps pinned by an older build (here: an endpoints map with another value size and
+    no layout marker) are never reused with the wrong sizes."""
+    old = f"{TEST_BPF_DIR}-old"
+    os.makedirs(old)
+    try:
+        fd = bpf.map_create(bpf.MAP_TYPE_HASH, 4, 12, 16, name="endpoints")
+        try:
+            bpf.obj_pin(fd, os.path.join(old, "endpoints"))
+        finally:
+            os.close(fd)
+        with pytest.raises(CNIError, match="--replace"):
+            loader.load(old)
+        with pytest.raises(CNIError, match="layout"):
+            loader.ensure_loaded(old)
+        with pytest.raises(DatapathMismatch, match="12"), Datapath(old) as stale:
+            stale.fd("endpoints")
+        conf = tmp_path / "net.conflist"
+        plugin = {"type": "sluice", "bpfDir": old, "datapath": {"conntrackPerEndpoint": 512}}
+        conf.write_text(json.dumps({"cniVersion": "1.1.0", "name": "n", "plugins": [plugin]}))
+        loaded = sluicectl("datapath", "load", "--conf", conf, "--replace")
+        assert loaded.returncode == 0, loaded.stderr
+        assert loader.pinned_layout(old) == loader.layout_hash(settings.from_plugin(plugin))
+        with Datapath(old) as fresh:
+            assert fresh.config().ct_per_endpoint == 512 and fresh.endpoints() == {}
+        plugin["datapath"] = {"maxEndpoints": 1024}
+        conf.write_text(json.dumps({"cniVersion": "1.1.0", "name": "n", "plugins": [plugin]}))
+        refused = sluicectl("datapath", "load", "--conf", conf)
+        assert refused.returncode != 0 and "map sizes" in refused.stderr
+    finally:
+        shutil.rmtree(old, ignore_errors=True)
