@@ -8,7 +8,8 @@ cni.invoke, as a runtime does), one at a time, in two interleaved cases:
 
     empty     no other conntrack entry on the node; the pod's table empty
     100,000   a filler endpoint holds 100,000 live entries, and the pod's own
-              table is full (conntrackPerEndpoint entries) when it is DELeted
+              table is full (about conntrackPerEndpoint entries: an LRU map
+              evicts a little before its size) when it is DELeted
 
 Entries are written from userspace (valid keys, current timestamps), so
 the datapath would treat them as live flows. The table shows the medians
@@ -76,6 +77,7 @@ def main() -> None:
         "ipam": {"type": "sluice-ipam", "subnet": "10.214.0.0/16"},
     }
     times: dict[str, list[float]] = {"empty": [], "100,000": []}
+    pod_entries: list[int] = []
     stack = contextlib.ExitStack()
     with stack:
         stack.callback(shutil.rmtree, work, True)
@@ -121,7 +123,8 @@ def main() -> None:
                         if case != "empty":
                             fill(dp, ifindex, per_pod, ip_be("12.0.0.0"))
                             table = dp.table_fill(ifindex)
-                            assert table and table.entries == per_pod
+                            assert table and table.entries >= per_pod * 0.9, table
+                            pod_entries.append(table.entries)
                         env["CNI_COMMAND"] = "DEL"
                         deleted = invoke(str(work / "bin" / "sluice"), env, config)
                         if deleted.rc != 0:
@@ -135,6 +138,10 @@ def main() -> None:
     print(f"{'conntrack':<34}{'DEL median':>12}")
     print(f"{'empty':<34}{empty:>10.1f}ms")
     print(f"{'100,000 live (+ the pod table full)':<34}{full:>10.1f}ms")
+    print(
+        f"the pod's own table held {min(pod_entries)}-{max(pod_entries)} entries "
+        "(the LRU evicts a little before its size)"
+    )
     verdict = "met" if full / empty <= TARGET else "NOT met"
     print(f"ratio {full / empty:.2f} (target <= {TARGET}): {verdict}")
 

@@ -107,6 +107,58 @@ class KubeProxy:
 
 
 @dataclass
+class NftKubeProxy:
+    """The same Services as kube-proxy's nftables mode writes them, in a table of their
+    own (``cleanup`` deletes it)."""
+
+    tag: str
+
+    @property
+    def table(self) -> str:
+        return f"slt-kube-proxy-{self.tag.lower()}"
+
+    def nft(self, script: str) -> None:
+        subprocess.run(["nft", "-f", "-"], input=script, text=True, check=True)
+
+    def setup(self) -> None:
+        self.nft(
+            f"""table ip {self.table} {{
+  chain mark-for-masquerade {{ meta mark set meta mark | 0x4000; }}
+  chain masquerading {{
+    meta mark & 0x4000 == 0 return
+    meta mark set meta mark ^ 0x4000
+    masquerade fully-random
+  }}
+  chain services {{ }}
+  chain nat-prerouting {{ type nat hook prerouting priority dstnat; jump services; }}
+  chain nat-output {{ type nat hook output priority -100; jump services; }}
+  chain nat-postrouting {{ type nat hook postrouting priority srcnat; jump masquerading; }}
+}}"""
+        )
+
+    def service(self, name: str, cluster_ip: str, backends: list[tuple[str, int]]) -> None:
+        t, svc = self.table, f"service-{name.lower()}"
+        lines = [f"add chain ip {t} {svc}"]
+        for i, (ip, port) in enumerate(backends):
+            ep = f"endpoint-{name.lower()}-{i}"
+            lines += [
+                f"add chain ip {t} {ep}",
+                f"add rule ip {t} {ep} ip saddr {ip} jump mark-for-masquerade",
+                f"add rule ip {t} {ep} meta l4proto tcp dnat to {ip}:{port}",
+            ]
+        choices = ", ".join(f"{i} : goto endpoint-{name.lower()}-{i}" for i in range(len(backends)))
+        lines += [
+            f"add rule ip {t} {svc} numgen random mod {len(backends)} vmap {{ {choices} }}",
+            f"add rule ip {t} services ip daddr {cluster_ip} tcp dport 80 goto {svc}",
+        ]
+        self.nft("\n".join(lines) + "\n")
+
+    def cleanup(self) -> None:
+        subprocess.run(["nft", "delete", "table", "ip", self.table], check=False,
+                       capture_output=True)  # fmt: skip
+
+
+@dataclass
 class Remote:
     """A namespace standing in for another node, behind the veth ``uplink``."""
 
@@ -115,9 +167,11 @@ class Remote:
     backend: str
 
 
-@pytest.fixture
-def kube_proxy() -> Iterator[KubeProxy]:
-    rules = KubeProxy(f"{SESSION_TAG}{random.randint(0, 0xFFF):03x}".upper())
+@pytest.fixture(params=["iptables", "nftables"])
+def kube_proxy(request: pytest.FixtureRequest) -> Iterator[KubeProxy | NftKubeProxy]:
+    """kube-proxy's Services, in its iptables mode and in its nftables mode."""
+    tag = f"{SESSION_TAG}{random.randint(0, 0xFFF):03x}".upper()
+    rules = KubeProxy(tag) if request.param == "iptables" else NftKubeProxy(tag)
     try:
         rules.setup()
         yield rules
@@ -197,7 +251,7 @@ def cluster_ip() -> str:
 
 
 def test_egress_through_a_service_is_judged_on_its_backend(
-    cluster: list[Pod], kube_proxy: KubeProxy, dp: Datapath
+    cluster: list[Pod], kube_proxy: KubeProxy | NftKubeProxy, dp: Datapath
 ) -> None:
     a, b, c = cluster
     web, only_c, own = cluster_ip(), cluster_ip(), cluster_ip()
@@ -219,7 +273,7 @@ def test_egress_through_a_service_is_judged_on_its_backend(
 
 
 def test_a_tightened_policy_cuts_an_established_service_flow(
-    cluster: list[Pod], kube_proxy: KubeProxy, dp: Datapath
+    cluster: list[Pod], kube_proxy: KubeProxy | NftKubeProxy, dp: Datapath
 ) -> None:
     a, b, _ = cluster
     svc = cluster_ip()
@@ -233,7 +287,7 @@ def test_a_tightened_policy_cuts_an_established_service_flow(
 
 
 def test_a_remote_backend_is_judged_at_the_uplink(
-    cluster: list[Pod], kube_proxy: KubeProxy, dp: Datapath, remote: Remote
+    cluster: list[Pod], kube_proxy: KubeProxy | NftKubeProxy, dp: Datapath, remote: Remote
 ) -> None:
     a, b, _ = cluster
     svc = cluster_ip()
