@@ -76,8 +76,8 @@ def test_the_node_side_veth_takes_no_ipv6_from_the_pod(pair: list[Pod], dp: Data
 
 
 def test_headers_outside_the_linear_part_are_parsed(pair: list[Pod], dp: Datapath) -> None:
-    """A 4 KiB datagram written through a virtio-net header is built with only its
-    Ethernet header linear; the node forwards (and fragments) it to b."""
+    """An 8 KB datagram (more than a page) written through a virtio-net header is built
+    with only its Ethernet header linear; the node forwards (and fragments) it to b."""
     a, b = pair
     for netns, dev in ((a.netns, "eth0"), (None, a.veth)):
         command = ["ip", "link", "set", dev, "mtu", "9000"]
@@ -87,7 +87,7 @@ def test_headers_outside_the_linear_part_are_parsed(pair: list[Pod], dp: Datapat
             subprocess.run(command, check=True)
     before = dp.counters()["egress"]["drop-malformed"]
     with Server(b, udp=(6200,)) as server:
-        datagram = pk.ipv4(a.ip, b.ip, 17, pk.udp(40000, 6200, b"n" * 4000))
+        datagram = pk.ipv4(a.ip, b.ip, 17, pk.udp(40000, 6200, b"n" * 8000))
         send_frame(a, pk.eth(datagram, src=pod_mac(a), dst=NODE_MAC), vnet=True)
         time.sleep(0.5)
     assert dp.counters()["egress"]["drop-malformed"] == before
