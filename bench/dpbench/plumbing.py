@@ -7,6 +7,8 @@ import subprocess
 import sys
 from collections.abc import Callable
 
+from dpbench import traffic
+
 
 def run(cmd: list, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(
@@ -18,8 +20,9 @@ def run(cmd: list, timeout: float = 60, check: bool = True) -> subprocess.Comple
 
 
 def in_pod(netns: str, *args: object, timeout: float = 60) -> dict:
-    """Run one of this file's helpers in a pod; its JSON answer."""
-    proc = run(["ip", "netns", "exec", netns, sys.executable, __file__, *args], timeout=timeout)
+    """Run one of the traffic helpers in a pod; its JSON answer."""
+    command = ["ip", "netns", "exec", netns, sys.executable, traffic.__file__, *args]
+    proc = run(command, timeout=timeout)
     return json.loads(proc.stdout)
 
 

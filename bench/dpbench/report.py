@@ -109,8 +109,8 @@ def report(bench: Any, results: dict[str, Samples], load: float, elapsed: float)
     else:
         print(
             f"check: the datapath dropped no benchmark packet ({others} other drops, listed "
-            "above; drop-unsupported is a non-IPv4 frame, e.g. IPv6 from the node, into an "
-            "isolated pod)"
+            "above; drop-unsupported is a frame the datapath does not judge: IPv6 from a "
+            "pod, dropped in every mode, or non-IPv4 into an isolated pod)"
         )
     kernel = {c.label: results[c.label].kernel_drops for c in CONFIGS}
     print(f"check: veth and backlog drops in the kernel during the measurements: {kernel}")
