@@ -114,13 +114,18 @@ def attach(
         raise CNIError(ERR_KERNEL, f'failed to attach the datapath to "{name}": no pod address')
     no_ipv6_from_pod(name)
     try:
-        with state_lock(bpf_dir), Datapath(bpf_dir) as datapath:
-            datapath.set_endpoint(
-                ifindex, Endpoint(ip=ip_be(pod_ips[0]), policy_gen=0, flags=flags)
-            )
-            datapath.set_endpoint_ips(ifindex, pod_ips)
+        with Datapath(bpf_dir) as datapath:
+            with state_lock(bpf_dir):
+                datapath.set_endpoint(
+                    ifindex, Endpoint(ip=ip_be(pod_ips[0]), policy_gen=0, flags=flags)
+                )
+                datapath.set_endpoint_ips(ifindex, pod_ips)
+            # Outside the lock: the kernel waits for an RCU grace period after a
+            # map-in-map update, and concurrent ADDs need not wait for each other's.
+            # The endpoint entry exists and its veth is live, so no sweep removes it.
             datapath.create_ct_table(ifindex)
-            attach_programs(ipr, ifindex, name, bpf_dir)
+            with state_lock(bpf_dir):
+                attach_programs(ipr, ifindex, name, bpf_dir)
     except (bpf.BPFError, DatapathMissing) as err:
         raise CNIError(ERR_KERNEL, f'failed to attach the datapath to "{name}": {err}') from None
 
@@ -162,13 +167,15 @@ def _unpin_links(bpf_dir: str, ifindex: int, hooks: dict[str, tuple[int, str]]) 
 def detach(ifindex: int, bpf_dir: str) -> None:
     """Forget the endpoint and release its links. The caller deletes the veth first,
     so the pair is gone before its filter is."""
-    with state_lock(bpf_dir):
-        _unpin_links(bpf_dir, ifindex, HOOKS)
-        try:
-            with Datapath(bpf_dir) as datapath:
-                datapath.delete_endpoint(ifindex)
-        except DatapathMissing:
-            pass  # nothing was ever loaded here
+    try:
+        with Datapath(bpf_dir) as datapath:
+            with state_lock(bpf_dir):
+                _unpin_links(bpf_dir, ifindex, HOOKS)
+                datapath.delete_endpoint(ifindex, table=False)
+            datapath.drop_ct_table(ifindex)  # outside the lock: an RCU grace period
+    except DatapathMissing:
+        with state_lock(bpf_dir):
+            _unpin_links(bpf_dir, ifindex, HOOKS)  # nothing was ever loaded here
 
 
 # -- uplinks ----------------------------------------------------------------------------

@@ -4,6 +4,9 @@ Attach, detach, policy install, GC sweep and (re)load all take it, so no
 writer ever sees another's half-done work. It is re-entrant within a
 process (a sweep inside a detach, a switch inside a load) and serialises
 threads too; across processes flock does. Taking it costs two system calls.
+Inserting and dropping an endpoint's conntrack table happen outside it: each
+makes the kernel wait for an RCU grace period (about 10 ms), and the table
+is keyed by the endpoint alone (a sweep keeps the table of a live endpoint).
 """
 
 from __future__ import annotations

@@ -159,9 +159,10 @@ class Datapath:
                 found[ip_str(key.value)] = owner.value
         return found
 
-    def delete_endpoint(self, ifindex: int) -> None:
+    def delete_endpoint(self, ifindex: int, table: bool = True) -> None:
         """Remove an endpoint and everything keyed by it: its addresses, policy maps,
-        conntrack table (one delete, whatever it holds) and stats."""
+        stats and (unless ``table`` is False: ``drop_ct_table`` later) its conntrack
+        table (one delete, whatever it holds)."""
         endpoint = self.endpoint(ifindex)
         bpf.map_delete(self.fd("endpoints"), ctypes.c_uint32(ifindex))
         for ip in self.endpoint_ips(ifindex):
@@ -173,8 +174,14 @@ class Datapath:
         for gen in generations:
             for direction in DIRECTIONS:
                 self.delete_policy_maps(ifindex, gen, direction)
-        bpf.map_delete(self.fd("ct_tables"), ctypes.c_uint32(ifindex))
         bpf.map_delete(self.fd("ep_stats"), ctypes.c_uint32(ifindex))
+        if table:
+            self.drop_ct_table(ifindex)
+
+    def drop_ct_table(self, ifindex: int) -> None:
+        """Forget the endpoint's conntrack table (the kernel waits for an RCU grace
+        period, then frees it)."""
+        bpf.map_delete(self.fd("ct_tables"), ctypes.c_uint32(ifindex))
 
     # -- policy maps --------------------------------------------------------------
 
