@@ -1,14 +1,23 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
- * The datapath's own conntrack: one entry per flow and endpoint, aged in
- * the datapath by comparing last_seen with the timeout for the flow's state
+ * The datapath's own conntrack: one LRU table per endpoint, aged in the
+ * datapath by comparing last_seen with the timeout for the flow's state
  * (never by looking at netfilter's conntrack).
  *
  * API:
- *   struct sl_ct_entry *ct_find(t, ifindex, &key, &reply)  live entry or NULL
- *   void ct_create(t, ifindex, gen, dir, tcp_flags, from_node)
+ *   void *ct_table(ifindex)                          the endpoint's table or NULL
+ *   struct sl_ct_entry *ct_find(table, owner, t, &key, &reply)   live entry or NULL
+ *   void ct_create(table, owner, t, gen, dir, flags)
+ *   void ct_frag_create(table, owner, pkt, gen, dir, flags)   an allowed first fragment
+ *   void ct_remove(table, owner, &key)
  *   void ct_touch(e, reply, tcp_flags)
- *   int ct_related(inner, ifindex)                 an ICMP error about a known flow
+ *   int ct_creates(pkt)                              may this packet open a flow
+ *   int ct_is_closing(e)
+ *
+ * Only a TCP SYN without ACK, an ICMP echo request, or the first packet
+ * of a flow of another protocol creates an entry: a mid-stream packet
+ * whose entry was lost is judged by the policy of the direction it travels
+ * and never recorded as a new flow in the other direction.
  */
 #ifndef __SL_CONNTRACK_H__
 #define __SL_CONNTRACK_H__
@@ -16,16 +25,26 @@
 #include "maps.h"
 #include "parse.h"
 
-static __always_inline void ct_key(struct sl_ct_key *k, struct sl_tuple *t, __u32 ifindex,
-				   int reversed)
+static __always_inline void *ct_table(__u32 ifindex)
+{
+	return ct_tables.lookup(&ifindex);
+}
+
+static __always_inline void ct_key(struct sl_ct_key *k, struct sl_tuple *t, int reversed)
 {
 	__builtin_memset(k, 0, sizeof(*k));
 	k->saddr = reversed ? t->daddr : t->saddr;
 	k->daddr = reversed ? t->saddr : t->daddr;
 	k->sport = reversed ? t->dport : t->sport;
 	k->dport = reversed ? t->sport : t->dport;
-	k->ifindex = ifindex;
 	k->proto = t->proto;
+	k->kind = SL_CT_FLOW;
+}
+
+static __always_inline int ct_is_closing(struct sl_ct_entry *e)
+{
+	return (e->flags & SL_CT_RST) ||
+	       ((e->flags & SL_CT_FIN_ORIG) && (e->flags & SL_CT_FIN_REPLY));
 }
 
 static __always_inline __u64 ct_timeout(struct sl_ct_key *k, struct sl_ct_entry *e)
@@ -36,11 +55,12 @@ static __always_inline __u64 ct_timeout(struct sl_ct_key *k, struct sl_ct_entry 
 
 	if (!cfg)
 		return seconds * SL_NSEC_PER_SEC;
-	if (k->proto == IPPROTO_TCP) {
-		if ((e->flags & SL_CT_RST) ||
-		    ((e->flags & SL_CT_FIN_ORIG) && (e->flags & SL_CT_FIN_REPLY)))
+	if (k->kind == SL_CT_FRAG) {
+		seconds = cfg->ct_fragment;
+	} else if (k->proto == IPPROTO_TCP) {
+		if (ct_is_closing(e))
 			seconds = cfg->ct_tcp_closing;
-		else if (e->flags & SL_CT_SEEN_REPLY)
+		else if (e->flags & (SL_CT_SEEN_REPLY | SL_CT_POST_DNAT))
 			seconds = cfg->ct_tcp_established;
 		else
 			seconds = cfg->ct_tcp_syn;
@@ -52,23 +72,54 @@ static __always_inline __u64 ct_timeout(struct sl_ct_key *k, struct sl_ct_entry 
 	return (__u64)seconds * SL_NSEC_PER_SEC;
 }
 
+static __always_inline void ct_count(__u32 owner, int created)
+{
+	struct sl_ep_stats *stats = ep_stats.lookup(&owner);
+
+	if (!stats)
+		return;
+	if (created)
+		__sync_fetch_and_add(&stats->ct_created, 1);
+	else
+		__sync_fetch_and_add(&stats->ct_removed, 1);
+}
+
+static __always_inline void ct_remove(void *table, __u32 owner, struct sl_ct_key *k)
+{
+	if (bpf_map_delete_elem(table, k) == 0)
+		ct_count(owner, 0);
+}
+
+/* The live entry under key k, or NULL (an expired one is removed). */
+static __always_inline struct sl_ct_entry *ct_get(void *table, __u32 owner, struct sl_ct_key *k)
+{
+	struct sl_ct_entry *e = bpf_map_lookup_elem(table, k);
+
+	if (!e)
+		return 0;
+	if (bpf_ktime_get_ns() - e->last_seen > ct_timeout(k, e)) {
+		ct_remove(table, owner, k);
+		return 0;
+	}
+	return e;
+}
+
 /* The live entry for the flow, trying the packet's direction, then the reply's. */
-static __always_inline struct sl_ct_entry *ct_find(struct sl_tuple *t, __u32 ifindex,
+static __always_inline struct sl_ct_entry *ct_find(void *table, __u32 owner, struct sl_tuple *t,
 						   struct sl_ct_key *k, int *reply)
 {
 	struct sl_ct_entry *e;
-	int reversed;
 
-	for (reversed = 0; reversed < 2; reversed++) {
-		ct_key(k, t, ifindex, reversed);
-		e = conntrack.lookup(k);
-		if (!e)
-			continue;
-		if (bpf_ktime_get_ns() - e->last_seen > ct_timeout(k, e)) {
-			conntrack.delete(k);
-			return 0;
-		}
-		*reply = reversed;
+	ct_key(k, t, 0);
+	e = ct_get(table, owner, k);
+	if (e) {
+		*reply = 0;
+		return e;
+	}
+	ct_key(k, t, 1);
+	e = ct_get(table, owner, k);
+	if (e) {
+		*reply = 1;
 		return e;
 	}
 	return 0;
@@ -77,6 +128,7 @@ static __always_inline struct sl_ct_entry *ct_find(struct sl_tuple *t, __u32 ifi
 static __always_inline void ct_touch(struct sl_ct_entry *e, int reply, __u8 tcp_flags)
 {
 	__u32 flags = e->flags;
+	__u64 now;
 
 	if (reply)
 		flags |= SL_CT_SEEN_REPLY;
@@ -87,35 +139,70 @@ static __always_inline void ct_touch(struct sl_ct_entry *e, int reply, __u8 tcp_
 	if (flags != e->flags)
 		e->flags = flags;
 	/* Refresh at most once per second: fewer writes to a shared cache line. */
-	__u64 now = bpf_ktime_get_ns();
+	now = bpf_ktime_get_ns();
 	if (now - e->last_seen > SL_NSEC_PER_SEC)
 		e->last_seen = now;
 }
 
-static __always_inline void ct_create(struct sl_tuple *t, __u32 ifindex, __u32 gen, __u32 dir,
-				      __u8 tcp_flags, int from_node)
+static __always_inline int ct_is_syn(struct sl_packet *pkt)
+{
+	return pkt->flow.proto == IPPROTO_TCP &&
+	       (pkt->tcp_flags & (SL_TCP_SYN | SL_TCP_ACK | SL_TCP_RST)) == SL_TCP_SYN;
+}
+
+static __always_inline int ct_creates(struct sl_packet *pkt)
+{
+	switch (pkt->flow.proto) {
+	case IPPROTO_TCP:
+		return ct_is_syn(pkt);
+	case IPPROTO_ICMP:
+		return pkt->icmp_type == ICMP_ECHO;
+	default:
+		return 1;
+	}
+}
+
+static __always_inline void ct_create(void *table, __u32 owner, struct sl_tuple *t, __u32 gen,
+				      __u32 dir, __u32 flags)
 {
 	struct sl_ct_key k;
 	struct sl_ct_entry e = {};
 
-	ct_key(&k, t, ifindex, 0);
+	ct_key(&k, t, 0);
 	e.last_seen = bpf_ktime_get_ns();
 	e.policy_gen = gen;
 	e.dir = dir;
-	if (tcp_flags & SL_TCP_RST)
-		e.flags |= SL_CT_RST;
-	if (from_node)
-		e.flags |= SL_CT_FROM_NODE;
-	conntrack.update(&k, &e);
+	e.flags = flags;
+	if (bpf_map_update_elem(table, &k, &e, BPF_ANY) == 0)
+		ct_count(owner, 1);
 }
 
-/* An ICMP error is related to a flow this endpoint already allowed. */
-static __always_inline int ct_related(struct sl_tuple *inner, __u32 ifindex)
+/* Fragments: the first fragment's verdict, for the ones that follow. */
+static __always_inline void ct_frag_key(struct sl_ct_key *k, struct sl_packet *pkt)
+{
+	__builtin_memset(k, 0, sizeof(*k));
+	k->saddr = pkt->flow.saddr;
+	k->daddr = pkt->flow.daddr;
+	k->sport = pkt->ip_id;
+	k->proto = pkt->flow.proto;
+	k->kind = SL_CT_FRAG;
+}
+
+static __always_inline void ct_frag_create(void *table, __u32 owner, struct sl_packet *pkt,
+					   __u32 gen, __u32 dir, __u32 flags)
 {
 	struct sl_ct_key k;
-	int reply;
+	struct sl_ct_entry e = {};
 
-	return ct_find(inner, ifindex, &k, &reply) != 0;
+	ct_frag_key(&k, pkt);
+	e.last_seen = bpf_ktime_get_ns();
+	e.policy_gen = gen;
+	e.dir = dir;
+	e.flags = flags;
+	e.sport = pkt->flow.sport;
+	e.dport = pkt->flow.dport;
+	if (bpf_map_update_elem(table, &k, &e, BPF_ANY) == 0)
+		ct_count(owner, 1);
 }
 
 #endif /* __SL_CONNTRACK_H__ */

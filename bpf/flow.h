@@ -5,13 +5,19 @@
  * API:
  *   int handle_packet(skb, dir)     SL_PASS or TC_ACT_SHOT
  *
- * In order: the endpoint (none: drop); ARP (from the pod only with its own
- * address); anything but IPv4 passes only a direction that is not isolated;
- * the pod's own source address (always); later fragments follow their first
- * fragment; ICMP errors about known flows pass as related; known flows pass
+ * In order: the endpoint and its conntrack table (none: drop); from the
+ * pod, only untagged IPv4 and ARP (ARP only with one of its addresses),
+ * whatever the policy; to the pod, anything but IPv4 passes only a
+ * direction that is not isolated; from the pod, headers that parse and one
+ * of its own source addresses (always); later fragments follow their first
+ * fragment; ICMP errors pass as related when they quote a flow the
+ * endpoint tracks and are addressed to that flow's sender; to the pod,
+ * the source's egress verdict after DNAT (services.h); known flows pass
  * (re-checked when the endpoint's policy generation moved on); a new flow
- * needs its direction not isolated, the node as its source (to the pod), or
- * a rule. Every flow allowed in is tracked, so its replies pass both ways.
+ * needs its direction not isolated, the node or the pod itself as its
+ * source (to the pod), a ClusterIP as destination (from the pod: judged
+ * after DNAT), or a rule. Every flow allowed in is tracked, so its replies
+ * pass both ways.
  */
 #ifndef __SL_FLOW_H__
 #define __SL_FLOW_H__
@@ -23,7 +29,11 @@
 #include "maps.h"
 #include "parse.h"
 #include "policy.h"
+#include "services.h"
 #include "verdict.h"
+
+/* Flags a fragment entry inherits from the verdict on its first fragment. */
+#define SL_FRAG_INHERITED	(SL_CT_FROM_NODE | SL_CT_SERVICE | SL_CT_SELF)
 
 static __always_inline int isolated(struct sl_endpoint *ep, __u32 dir)
 {
@@ -32,139 +42,225 @@ static __always_inline int isolated(struct sl_endpoint *ep, __u32 dir)
 	return (ep->flags & bit) != 0;
 }
 
-/* The address on the other side of the pod, and the port the flow goes to. */
+/* The address on the other side of the pod. */
 static __always_inline __be32 peer_of(struct sl_tuple *t, __u32 dir)
 {
 	return dir == SL_DIR_EGRESS ? t->daddr : t->saddr;
 }
 
-static __always_inline int handle_arp(struct __sk_buff *skb, struct sl_endpoint *ep, __u32 dir)
+/* One of the pod's own addresses. */
+static __always_inline int own_address(struct sl_endpoint *ep, __u32 ifindex, __be32 addr)
 {
-	void *data = (void *)(long)skb->data;
-	void *data_end = (void *)(long)skb->data_end;
-	/* Ethernet, ARP header, sender hardware address, then the sender's IPv4 address. */
-	__be32 *sender = data + sizeof(struct ethhdr) + sizeof(struct arphdr) + ETH_ALEN;
+	__u32 *owner;
+
+	if (addr == ep->ip)
+		return 1;
+	owner = ep_by_ip.lookup(&addr);
+	return owner && *owner == ifindex;
+}
+
+static __always_inline int handle_arp(struct __sk_buff *skb, struct sl_endpoint *ep,
+				      __u32 ifindex, __u32 dir)
+{
+	__be32 sender;
 
 	if (dir == SL_DIR_INGRESS)
 		return verdict_pass(dir, SL_ALLOWED);
-	if ((void *)(sender + 1) > data_end)
-		return verdict_drop(skb, dir, SL_DROP_MALFORMED, 0);
-	if (*sender != ep->ip && *sender != 0)
-		return verdict_drop(skb, dir, SL_DROP_SPOOFED, 0);
+	/* Ethernet, ARP header, sender hardware address, then the sender's IPv4 address. */
+	if (bpf_skb_load_bytes(skb, SL_ETH_HLEN + sizeof(struct arphdr) + ETH_ALEN, &sender,
+			       sizeof(sender)) < 0)
+		return verdict_drop(ifindex, dir, SL_DROP_MALFORMED, 0);
+	if (sender != 0 && !own_address(ep, ifindex, sender))
+		return verdict_drop(ifindex, dir, SL_DROP_SPOOFED, 0);
 	return verdict_pass(dir, SL_ALLOWED);
 }
 
-static __always_inline int handle_fragment(struct __sk_buff *skb, struct sl_endpoint *ep,
-					   __u32 dir, struct sl_packet *pkt, int allowed)
-{
-	struct sl_frag_key k = {
-		.saddr = pkt->flow.saddr,
-		.daddr = pkt->flow.daddr,
-		.ifindex = skb->ifindex,
-		.id = pkt->ip_id,
-		.proto = pkt->flow.proto,
-	};
-
-	if (pkt->fragment == SL_FRAG_FIRST && allowed) {
-		struct sl_frag seen = { .seen = bpf_ktime_get_ns() };
-
-		fragments.update(&k, &seen);
-		return 1;
-	}
-	/* A later fragment has no ports: it goes where its first fragment went. */
-	if (fragments.lookup(&k) || !isolated(ep, dir))
-		return 1;
-	return 0;
-}
-
-/* Re-check a known flow against the endpoint's current policy. */
-static __always_inline int flow_still_allowed(struct sl_endpoint *ep, __u32 ifindex,
+/* Is a known flow (or fragment) still allowed by the endpoint's current policy? */
+static __always_inline int flow_still_allowed(void *table, struct sl_endpoint *ep, __u32 ifindex,
 					      struct sl_ct_key *k, struct sl_ct_entry *e)
 {
-	struct sl_tuple orig = {
-		.saddr = k->saddr, .daddr = k->daddr,
-		.sport = k->sport, .dport = k->dport, .proto = k->proto,
-	};
+	__be16 dport = k->dport;
 
 	if (!isolated(ep, e->dir))
 		return 1;
+	if (e->flags & (SL_CT_SERVICE | SL_CT_SELF))
+		return 1;	/* judged after DNAT; a pod may always reach itself */
 	if ((e->flags & SL_CT_FROM_NODE) && !(ep->flags & SL_EP_DENY_NODE))
 		return 1;
-	return policy_allows(ifindex, ep->policy_gen, e->dir, peer_of(&orig, e->dir), orig.proto,
-			     orig.dport);
+	if (k->kind == SL_CT_FRAG) {
+		if (e->flags & SL_CT_SEEN_REPLY) {
+			/* Fragments of a reply live as long as their flow. */
+			struct sl_ct_key flow = {
+				.saddr = k->daddr, .daddr = k->saddr,
+				.sport = e->dport, .dport = e->sport,
+				.proto = k->proto, .kind = SL_CT_FLOW,
+			};
+			return bpf_map_lookup_elem(table, &flow) != 0;
+		}
+		dport = e->dport;
+	}
+	return policy_allows(ifindex, ep->policy_gen, e->dir,
+			     e->dir == SL_DIR_EGRESS ? k->daddr : k->saddr, k->proto, dport);
+}
+
+/* Bring a known entry up to the endpoint's generation; 0 (and removed) if denied now. */
+static __always_inline int ct_recheck(void *table, struct sl_endpoint *ep, __u32 ifindex,
+				      struct sl_ct_key *k, struct sl_ct_entry *e)
+{
+	if (e->policy_gen == ep->policy_gen)
+		return 1;
+	if (!flow_still_allowed(table, ep, ifindex, k, e)) {
+		ct_remove(table, ifindex, k);
+		return 0;
+	}
+	e->policy_gen = ep->policy_gen;
+	return 1;
+}
+
+/* A later fragment has no ports: it goes where its first fragment went. */
+static __always_inline int handle_later_fragment(void *table, struct sl_endpoint *ep,
+						 __u32 ifindex, __u32 dir, struct sl_packet *pkt)
+{
+	struct sl_ct_entry *e;
+	struct sl_ct_key k;
+
+	ct_frag_key(&k, pkt);
+	e = ct_get(table, ifindex, &k);
+	if (e && ct_recheck(table, ep, ifindex, &k, e))
+		return verdict_pass(dir, SL_ALLOWED);
+	if (!isolated(ep, dir))
+		return verdict_pass(dir, SL_ALLOWED);
+	return verdict_drop(ifindex, dir, SL_DROP_FRAGMENT, &pkt->flow);
+}
+
+/* An ICMP error goes back to the sender of the packet it quotes, that packet
+ * involves the pod on its own side, and it belongs to a tracked flow. */
+static __always_inline int handle_icmp_error(void *table, struct sl_endpoint *ep, __u32 ifindex,
+					     __u32 dir, struct sl_packet *pkt)
+{
+	__be32 pod_side = dir == SL_DIR_EGRESS ? pkt->inner.daddr : pkt->inner.saddr;
+	struct sl_ct_entry *e;
+	struct sl_ct_key k;
+	int reply = 0;
+
+	if (pkt->fragment != SL_FRAG_NONE || pkt->flow.daddr != pkt->inner.saddr ||
+	    !own_address(ep, ifindex, pod_side))
+		return verdict_drop(ifindex, dir, SL_DROP_ICMP_ERROR, &pkt->flow);
+	e = ct_find(table, ifindex, &pkt->inner, &k, &reply);
+	if (!e)
+		return isolated(ep, dir) ? verdict_drop(ifindex, dir, SL_DROP_ICMP_ERROR, &pkt->flow)
+					 : verdict_pass(dir, SL_ALLOWED);
+	if (!ct_recheck(table, ep, ifindex, &k, e))
+		return verdict_drop(ifindex, dir, SL_DROP_FLOW_CUT, &pkt->flow);
+	return verdict_pass(dir, SL_ALLOWED_RELATED);
 }
 
 static __always_inline int handle_packet(struct __sk_buff *skb, __u32 dir)
 {
-	void *data = (void *)(long)skb->data;
-	void *data_end = (void *)(long)skb->data_end;
-	struct ethhdr *eth = data;
 	__u32 ifindex = skb->ifindex;
+	__u32 flags = 0, reason = SL_ALLOWED;
 	struct sl_packet pkt = {};
 	struct sl_endpoint *ep;
 	struct sl_ct_entry *e;
 	struct sl_ct_key k;
-	int reply = 0, from_node, allowed, err;
+	struct ethhdr eth;
+	int reply = 0, allowed, err;
+	void *table;
 
 	ep = endpoints.lookup(&ifindex);
 	if (!ep)
-		return verdict_drop(skb, dir, SL_DROP_NO_ENDPOINT, 0);
-	if ((void *)(eth + 1) > data_end)
-		return isolated(ep, dir) ? verdict_drop(skb, dir, SL_DROP_MALFORMED, 0)
-					 : verdict_pass(dir, SL_ALLOWED);
-	if (eth->h_proto == bpf_htons(ETH_P_ARP))
-		return handle_arp(skb, ep, dir);
-	if (eth->h_proto != bpf_htons(ETH_P_IP))
-		return isolated(ep, dir) ? verdict_drop(skb, dir, SL_DROP_UNSUPPORTED, 0)
-					 : verdict_pass(dir, SL_ALLOWED);
-
-	err = parse_ipv4(skb, &pkt);
-	if (err < 0)
-		return isolated(ep, dir) || dir == SL_DIR_EGRESS
-			       ? verdict_drop(skb, dir, -err, 0)
+		return verdict_drop(ifindex, dir, SL_DROP_NO_ENDPOINT, 0);
+	if (bpf_skb_load_bytes(skb, 0, &eth, sizeof(eth)) < 0)
+		return dir == SL_DIR_EGRESS || isolated(ep, dir)
+			       ? verdict_drop(ifindex, dir, SL_DROP_MALFORMED, 0)
 			       : verdict_pass(dir, SL_ALLOWED);
-	if (dir == SL_DIR_EGRESS && pkt.flow.saddr != ep->ip)
-		return verdict_drop(skb, dir, SL_DROP_SPOOFED, &pkt);
-
-	if (pkt.fragment == SL_FRAG_LATER)
-		return handle_fragment(skb, ep, dir, &pkt, 0) ? verdict_pass(dir, SL_ALLOWED)
-							       : verdict_drop(skb, dir, SL_DROP_FRAGMENT, &pkt);
-
-	if (pkt.icmp_error && ct_related(&pkt.inner, ifindex)) {
-		if (pkt.fragment == SL_FRAG_FIRST)
-			handle_fragment(skb, ep, dir, &pkt, 1);
-		return verdict_pass(dir, SL_ALLOWED_REPLY);
+	if (dir == SL_DIR_EGRESS) {
+		/* Only untagged IPv4 and ARP leave a pod, in every mode: a tag (even
+		 * one the kernel took off before this hook) or another ethertype
+		 * could be reinterpreted after the datapath passed it. */
+		if (skb->vlan_present || eth.h_proto != skb->protocol)
+			return verdict_drop(ifindex, dir, SL_DROP_UNSUPPORTED, 0);
+		if (eth.h_proto == bpf_htons(ETH_P_ARP))
+			return handle_arp(skb, ep, ifindex, dir);
+		if (eth.h_proto != bpf_htons(ETH_P_IP))
+			return verdict_drop(ifindex, dir, SL_DROP_UNSUPPORTED, 0);
+	} else {
+		if (eth.h_proto == bpf_htons(ETH_P_ARP) && !skb->vlan_present)
+			return verdict_pass(dir, SL_ALLOWED);
+		if (eth.h_proto != bpf_htons(ETH_P_IP) || skb->vlan_present)
+			return isolated(ep, dir) ? verdict_drop(ifindex, dir, SL_DROP_UNSUPPORTED, 0)
+						 : verdict_pass(dir, SL_ALLOWED);
 	}
 
-	e = ct_find(&pkt.flow, ifindex, &k, &reply);
+	err = parse_ipv4(skb, SL_ETH_HLEN, &pkt);
+	if (err < 0)
+		return dir == SL_DIR_EGRESS || isolated(ep, dir)
+			       ? verdict_drop(ifindex, dir, -err, &pkt.flow)
+			       : verdict_pass(dir, SL_ALLOWED);
+	if (dir == SL_DIR_EGRESS && !own_address(ep, ifindex, pkt.flow.saddr))
+		return verdict_drop(ifindex, dir, SL_DROP_SPOOFED, &pkt.flow);
+	table = ct_table(ifindex);
+	if (!table)
+		return verdict_drop(ifindex, dir, SL_DROP_NO_ENDPOINT, &pkt.flow);
+
+	if (pkt.fragment == SL_FRAG_LATER)
+		return handle_later_fragment(table, ep, ifindex, dir, &pkt);
+	if (pkt.icmp_error)
+		return handle_icmp_error(table, ep, ifindex, dir, &pkt);
+	if (dir == SL_DIR_INGRESS) {
+		err = judge_source(ifindex, &pkt);
+		if (err)
+			return err;
+	}
+
+	e = ct_find(table, ifindex, &pkt.flow, &k, &reply);
+	if (e && ct_is_syn(&pkt)) {
+		/* A SYN opens a flow: it is never a reply, and it starts afresh
+		 * when it reuses the 5-tuple of a closing or closed one. */
+		int closing = ct_is_closing(e);
+
+		if (closing)
+			ct_remove(table, ifindex, &k);
+		if (reply || closing)
+			e = 0;
+	}
 	if (e) {
-		if (e->policy_gen != ep->policy_gen) {
-			if (!flow_still_allowed(ep, ifindex, &k, e)) {
-				conntrack.delete(&k);
-				return verdict_drop(skb, dir, SL_DROP_FLOW_CUT, &pkt);
-			}
-			e->policy_gen = ep->policy_gen;
-		}
+		if (!ct_recheck(table, ep, ifindex, &k, e))
+			return verdict_drop(ifindex, dir, SL_DROP_FLOW_CUT, &pkt.flow);
 		ct_touch(e, reply, pkt.tcp_flags);
 		if (pkt.fragment == SL_FRAG_FIRST)
-			handle_fragment(skb, ep, dir, &pkt, 1);
+			ct_frag_create(table, ifindex, &pkt, ep->policy_gen, dir,
+				       (e->flags & SL_FRAG_INHERITED) |
+					       (reply ? SL_CT_SEEN_REPLY : 0));
 		return verdict_pass(dir, reply ? SL_ALLOWED_REPLY : SL_ALLOWED);
 	}
 
-	/* A new flow. Traffic the node itself sends to its pods (kubelet probes)
-	 * was not forwarded from any interface.
-	 */
-	from_node = dir == SL_DIR_INGRESS && skb->ingress_ifindex == 0 &&
-		    !(ep->flags & SL_EP_DENY_NODE);
-	allowed = !isolated(ep, dir) || from_node ||
-		  policy_allows(ifindex, ep->policy_gen, dir, peer_of(&pkt.flow, dir),
-				pkt.flow.proto, pkt.flow.dport);
+	/* A new flow, or a packet whose entry is gone. Traffic the node itself
+	 * sends to its pods (kubelet probes) was not forwarded from any
+	 * interface; traffic that came in from this very veth is the pod
+	 * reaching itself through a Service (hairpin). */
+	if (dir == SL_DIR_INGRESS && skb->ingress_ifindex == ifindex)
+		flags = SL_CT_SELF;
+	else if (dir == SL_DIR_INGRESS && skb->ingress_ifindex == 0 &&
+		 !(ep->flags & SL_EP_DENY_NODE))
+		flags = SL_CT_FROM_NODE;
+	if (flags || !isolated(ep, dir)) {
+		allowed = 1;
+	} else if (dir == SL_DIR_EGRESS && service_ips.lookup(&pkt.flow.daddr)) {
+		allowed = 1;
+		flags = SL_CT_SERVICE;
+		reason = SL_DEFERRED_SERVICE;
+	} else {
+		allowed = policy_allows(ifindex, ep->policy_gen, dir, peer_of(&pkt.flow, dir),
+					pkt.flow.proto, pkt.flow.dport);
+	}
 	if (!allowed)
-		return verdict_drop(skb, dir, SL_DENIED_POLICY, &pkt);
-	ct_create(&pkt.flow, ifindex, ep->policy_gen, dir, pkt.tcp_flags, from_node);
+		return verdict_drop(ifindex, dir, SL_DENIED_POLICY, &pkt.flow);
+	if (ct_creates(&pkt))
+		ct_create(table, ifindex, &pkt.flow, ep->policy_gen, dir, flags);
 	if (pkt.fragment == SL_FRAG_FIRST)
-		handle_fragment(skb, ep, dir, &pkt, 1);
-	return verdict_pass(dir, SL_ALLOWED);
+		ct_frag_create(table, ifindex, &pkt, ep->policy_gen, dir, flags);
+	return verdict_pass(dir, reason);
 }
 
 #endif /* __SL_FLOW_H__ */

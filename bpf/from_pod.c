@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
- * Attached to clsact ingress of a pod's node-side veth: every packet the
- * pod sends. Enforces the pod's egress policy and its source address.
+ * On tcx ingress of a pod's node-side veth (clsact ingress on kernels
+ * without tcx): every packet the pod sends. Enforces the pod's egress
+ * policy, its source addresses, and what may leave a pod at all.
  */
 #include "flow.h"
 

@@ -1,12 +1,21 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
  * The datapath's maps, all pinned under SL_PIN_DIR (the network's bpfDir,
- * passed by the loader), so both programs and every later load share them
- * and a reload keeps endpoints and conntrack.
+ * passed by the loader), so every program and every later load share them
+ * and a reload keeps endpoints, policies and conntrack.
+ *
+ * API (maps): endpoints, ep_by_ip, service_ips, peers, rules, ct_tables,
+ * ep_stats, config, counters, event_budget, events.
  *
  * Per-endpoint policy lives in inner maps reached through two outer maps
  * keyed by (ifindex, generation, direction); userspace builds a complete
  * new generation, then flips sl_endpoint.policy_gen in one write.
+ * Per-endpoint conntrack lives in an LRU table per endpoint, reached
+ * through ct_tables[ifindex]; userspace creates it at attach (sized by
+ * sl_config.ct_per_endpoint) and drops it whole at detach.
+ *
+ * Sizes are compiled in; the loader passes them (-D) from the network
+ * config and records them in the layout marker beside the pins.
  */
 #ifndef __SL_MAPS_H__
 #define __SL_MAPS_H__
@@ -19,29 +28,38 @@
 
 #define SL_NSEC_PER_SEC		1000000000ULL
 
+#ifndef SL_MAX_ENDPOINTS
 #define SL_MAX_ENDPOINTS	16384
+#endif
+#ifndef SL_MAX_SERVICES
+#define SL_MAX_SERVICES		65536
+#endif
 #define SL_MAX_POLICIES		(4 * SL_MAX_ENDPOINTS)
-#define SL_CT_ENTRIES		131072
-#define SL_FRAG_ENTRIES		8192
+#define SL_MAX_POD_IPS		(4 * SL_MAX_ENDPOINTS)
 #define SL_EVENTS_BYTES		(256 * 1024)
 
 BPF_TABLE_PINNED("hash", __u32, struct sl_endpoint, endpoints, SL_MAX_ENDPOINTS,
 		 SL_PIN_DIR "/endpoints");
+/* Every address of every local pod -> its endpoint (anti-spoofing, Services). */
+BPF_TABLE_PINNED("hash", __be32, __u32, ep_by_ip, SL_MAX_POD_IPS, SL_PIN_DIR "/ep_by_ip");
+BPF_TABLE_PINNED("hash", __be32, __u32, service_ips, SL_MAX_SERVICES, SL_PIN_DIR "/service_ips",
+		 BPF_F_NO_PREALLOC);
 
 /* Templates for the inner maps (userspace creates the real ones). */
 BPF_F_TABLE("lpm_trie", struct sl_peer_key, struct sl_peer, peer_template, 1,
 	    BPF_F_NO_PREALLOC);
 BPF_F_TABLE("hash", struct sl_rule_key, struct sl_rule, rule_template, 1, BPF_F_NO_PREALLOC);
+BPF_F_TABLE("lru_hash", struct sl_ct_key, struct sl_ct_entry, ct_template, 1, 0);
 
 BPF_TABLE("hash_of_maps$peer_template:" SL_PIN_DIR "/peers", struct sl_policy_key, int,
 	  peers, SL_MAX_POLICIES);
 BPF_TABLE("hash_of_maps$rule_template:" SL_PIN_DIR "/rules", struct sl_policy_key, int,
 	  rules, SL_MAX_POLICIES);
+BPF_TABLE("hash_of_maps$ct_template:" SL_PIN_DIR "/ct_tables", __u32, int, ct_tables,
+	  SL_MAX_ENDPOINTS);
 
-BPF_TABLE_PINNED("lru_hash", struct sl_ct_key, struct sl_ct_entry, conntrack, SL_CT_ENTRIES,
-		 SL_PIN_DIR "/conntrack");
-BPF_TABLE_PINNED("lru_hash", struct sl_frag_key, struct sl_frag, fragments, SL_FRAG_ENTRIES,
-		 SL_PIN_DIR "/fragments");
+BPF_TABLE_PINNED("hash", __u32, struct sl_ep_stats, ep_stats, SL_MAX_ENDPOINTS,
+		 SL_PIN_DIR "/ep_stats");
 BPF_TABLE_PINNED("array", __u32, struct sl_config, config, 1, SL_PIN_DIR "/config");
 BPF_TABLE_PINNED("percpu_array", __u32, __u64, counters, SL_DIRS * SL_REASONS,
 		 SL_PIN_DIR "/counters");

@@ -1,13 +1,18 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
- * Packet parsing for the endpoint programs.
+ * Packet parsing for the datapath programs.
  *
  * API:
- *   int parse_ipv4(skb, struct sl_packet *pkt)  0, or a negative SL_DROP_* reason
+ *   int parse_ipv4(skb, l3, struct sl_packet *pkt)  0, or a negative SL_* reason
  *
- * IPv4 options are skipped by the header length, so ports are read where
- * they are. Non-first fragments carry no transport header and are marked
- * so; an ICMP error carries the flow it reports on in pkt->inner.
+ * Headers are read with bpf_skb_load_bytes, so packets whose headers are
+ * not in the linear part of the skb (GRO, decapsulated traffic, pods that
+ * route, AF_PACKET senders) are parsed like any other, never dropped as
+ * malformed. IPv4 options are skipped by the header length, so ports are
+ * read where they are. Non-first fragments carry no transport header and
+ * are marked so. An ICMP error carries the packet it reports on in
+ * pkt->inner: its IPv4 header and the 8 bytes of transport header RFC 792
+ * requires (ports, or an echo's identifier), nothing more.
  */
 #ifndef __SL_PARSE_H__
 #define __SL_PARSE_H__
@@ -16,72 +21,89 @@
 #include <uapi/linux/in.h>
 #include <uapi/linux/ip.h>
 #include <uapi/linux/icmp.h>
-#include <uapi/linux/tcp.h>
-#include <uapi/linux/udp.h>
 
 #include "sluice.h"
 
-#define SL_FRAG_NONE	0
-#define SL_FRAG_FIRST	1	/* offset 0, more to come: has the transport header */
-#define SL_FRAG_LATER	2	/* no transport header */
+#define SL_FRAG_NONE		0
+#define SL_FRAG_FIRST		1	/* offset 0, more to come: has the transport header */
+#define SL_FRAG_LATER		2	/* no transport header */
 
-#define IP_MF		0x2000
-#define IP_OFFSET	0x1fff
+#define SL_IP_MF		0x2000
+#define SL_IP_OFFSET		0x1fff
+#define SL_ETH_HLEN		14
+#define SL_ICMP_HLEN		8
+#define SL_ICMP_QUOTE_L4	8	/* transport bytes an ICMP error must quote */
+#define SL_ICMP_ERROR_MAX	576	/* largest ICMP error a router sends (RFC 1812 4.3.2.3) */
+
+#define SL_TCP_FIN		0x01
+#define SL_TCP_SYN		0x02
+#define SL_TCP_RST		0x04
+#define SL_TCP_ACK		0x10
 
 struct sl_tuple {
 	__be32 saddr;
 	__be32 daddr;
-	__be16 sport;
-	__be16 dport;
+	__be16 sport;		/* ICMP echo request: the identifier (reply: 0) */
+	__be16 dport;		/* ICMP echo reply: the identifier (request: 0) */
 	__u8 proto;
 };
 
 struct sl_packet {
 	struct sl_tuple flow;
 	struct sl_tuple inner;	/* valid when icmp_error */
+	__u32 tot_len;
 	__be16 ip_id;
 	__u8 fragment;
 	__u8 icmp_error;
+	__u8 icmp_type;
 	__u8 tcp_flags;		/* TH_* bits of byte 13 of the TCP header */
 };
 
-#define SL_TCP_FIN	0x01
-#define SL_TCP_SYN	0x02
-#define SL_TCP_RST	0x04
-
-/* Ports of the transport header at l4 (TCP, UDP and SCTP start alike). */
-static __always_inline int parse_ports(void *l4, void *data_end, __u8 proto,
-				       struct sl_tuple *t, __u8 *tcp_flags)
+/* The transport header at off: ports (TCP, UDP and SCTP start alike), TCP
+ * flags, an ICMP type and echo identifier. A quote needs only 8 bytes. */
+static __always_inline int parse_l4(struct __sk_buff *skb, __u32 off, __u8 proto,
+				    struct sl_tuple *t, struct sl_packet *pkt, int quote)
 {
+	__u8 l4[14];
+
 	switch (proto) {
 	case IPPROTO_TCP:
-		if (l4 + 14 > data_end)
-			return -SL_DROP_MALFORMED;
-		if (tcp_flags)
-			*tcp_flags = *((__u8 *)l4 + 13);
-		/* fallthrough */
+		if (quote) {
+			if (bpf_skb_load_bytes(skb, off, l4, SL_ICMP_QUOTE_L4) < 0)
+				return -SL_DROP_MALFORMED;
+		} else {
+			if (bpf_skb_load_bytes(skb, off, l4, 14) < 0)
+				return -SL_DROP_MALFORMED;
+			pkt->tcp_flags = l4[13];
+		}
+		break;
 	case IPPROTO_UDP:
 	case IPPROTO_SCTP:
-		if (l4 + 4 > data_end)
+		if (bpf_skb_load_bytes(skb, off, l4, quote ? SL_ICMP_QUOTE_L4 : 4) < 0)
 			return -SL_DROP_MALFORMED;
-		t->sport = ((__be16 *)l4)[0];
-		t->dport = ((__be16 *)l4)[1];
-		return 0;
+		break;
 	case IPPROTO_ICMP: {
-		struct icmphdr *icmp = l4;
+		struct icmphdr icmp;
 
-		if ((void *)(icmp + 1) > data_end)
+		if (bpf_skb_load_bytes(skb, off, &icmp, sizeof(icmp)) < 0)
 			return -SL_DROP_MALFORMED;
-		if (icmp->type == ICMP_ECHO || icmp->type == ICMP_ECHOREPLY) {
-			/* The identifier names the flow both ways. */
-			t->sport = icmp->un.echo.id;
-			t->dport = icmp->un.echo.id;
-		}
+		if (!quote)
+			pkt->icmp_type = icmp.type;
+		t->sport = 0;
+		t->dport = 0;
+		/* Keyed so that only an echo reply matches the request it answers. */
+		if (icmp.type == ICMP_ECHO)
+			t->sport = icmp.un.echo.id;
+		else if (icmp.type == ICMP_ECHOREPLY)
+			t->dport = icmp.un.echo.id;
 		return 0;
 	}
 	default:
 		return 0;
 	}
+	__builtin_memcpy(&t->sport, &l4[0], 2);
+	__builtin_memcpy(&t->dport, &l4[2], 2);
+	return 0;
 }
 
 static __always_inline int is_icmp_error(__u8 type)
@@ -90,66 +112,68 @@ static __always_inline int is_icmp_error(__u8 type)
 	       type == ICMP_PARAMETERPROB || type == ICMP_SOURCE_QUENCH;
 }
 
-/* The IPv4 header and first 8 bytes an ICMP error quotes. */
-static __always_inline int parse_icmp_inner(void *icmp, void *data_end, struct sl_tuple *inner)
+/* The quoted IPv4 header and transport bytes of an ICMP error at off. */
+static __always_inline int parse_icmp_inner(struct __sk_buff *skb, __u32 off,
+					    struct sl_tuple *inner, struct sl_packet *pkt)
 {
-	struct iphdr *ip = icmp + sizeof(struct icmphdr);
+	struct iphdr ip;
 	__u32 ihl;
 
-	if ((void *)(ip + 1) > data_end)
+	if (bpf_skb_load_bytes(skb, off, &ip, sizeof(ip)) < 0)
 		return -SL_DROP_MALFORMED;
-	ihl = ip->ihl & 0xf;
-	if (ip->version != 4 || ihl < 5)
+	ihl = ip.ihl & 0xf;
+	if (ip.version != 4 || ihl < 5)
 		return -SL_DROP_MALFORMED;
-	inner->saddr = ip->saddr;
-	inner->daddr = ip->daddr;
-	inner->proto = ip->protocol;
-	return parse_ports((void *)ip + ihl * 4, data_end, ip->protocol, inner, 0);
+	if (bpf_ntohs(ip.frag_off) & SL_IP_OFFSET)
+		return -SL_DROP_ICMP_ERROR;	/* quotes a later fragment: no flow to name */
+	inner->saddr = ip.saddr;
+	inner->daddr = ip.daddr;
+	inner->proto = ip.protocol;
+	return parse_l4(skb, off + ihl * 4, ip.protocol, inner, pkt, 1);
 }
 
-static __always_inline int parse_ipv4(struct __sk_buff *skb, struct sl_packet *pkt)
+/* The IPv4 packet whose header starts at l3. */
+static __always_inline int parse_ipv4(struct __sk_buff *skb, __u32 l3, struct sl_packet *pkt)
 {
-	void *data = (void *)(long)skb->data;
-	void *data_end = (void *)(long)skb->data_end;
-	struct iphdr *ip = data + sizeof(struct ethhdr);
+	struct iphdr ip;
+	__u32 ihl, l4;
 	__u16 frag;
-	__u32 ihl;
-	void *l4;
+	int err;
 
-	if ((void *)(ip + 1) > data_end)
+	if (bpf_skb_load_bytes(skb, l3, &ip, sizeof(ip)) < 0)
 		return -SL_DROP_MALFORMED;
-	ihl = ip->ihl & 0xf;
-	if (ip->version != 4 || ihl < 5)
+	ihl = ip.ihl & 0xf;
+	if (ip.version != 4 || ihl < 5)
 		return -SL_DROP_MALFORMED;
-	l4 = (void *)ip + ihl * 4;
-	if (l4 > data_end)
+	pkt->tot_len = bpf_ntohs(ip.tot_len);
+	/* tot_len 0: a GSO packet larger than 64 KiB (BIG TCP). */
+	if (pkt->tot_len < ihl * 4 && !(pkt->tot_len == 0 && skb->gso_size))
 		return -SL_DROP_MALFORMED;
+	if (l3 + pkt->tot_len > skb->len)
+		return -SL_DROP_MALFORMED;
+	l4 = l3 + ihl * 4;
 
-	pkt->flow.saddr = ip->saddr;
-	pkt->flow.daddr = ip->daddr;
-	pkt->flow.proto = ip->protocol;
-	pkt->ip_id = ip->id;
+	pkt->flow.saddr = ip.saddr;
+	pkt->flow.daddr = ip.daddr;
+	pkt->flow.proto = ip.protocol;
+	pkt->ip_id = ip.id;
 
-	frag = bpf_ntohs(ip->frag_off);
-	if (frag & IP_OFFSET) {
+	frag = bpf_ntohs(ip.frag_off);
+	if (frag & SL_IP_OFFSET) {
 		pkt->fragment = SL_FRAG_LATER;
 		return 0;
 	}
-	if (frag & IP_MF)
+	if (frag & SL_IP_MF)
 		pkt->fragment = SL_FRAG_FIRST;
 
-	if (parse_ports(l4, data_end, ip->protocol, &pkt->flow, &pkt->tcp_flags) < 0)
-		return -SL_DROP_MALFORMED;
-	if (ip->protocol == IPPROTO_ICMP) {
-		struct icmphdr *icmp = l4;
-
-		if ((void *)(icmp + 1) > data_end)
-			return -SL_DROP_MALFORMED;
-		if (is_icmp_error(icmp->type)) {
-			pkt->icmp_error = 1;
-			if (parse_icmp_inner(l4, data_end, &pkt->inner) < 0)
-				return -SL_DROP_MALFORMED;
-		}
+	err = parse_l4(skb, l4, ip.protocol, &pkt->flow, pkt, 0);
+	if (err < 0)
+		return err;
+	if (ip.protocol == IPPROTO_ICMP && is_icmp_error(pkt->icmp_type)) {
+		pkt->icmp_error = 1;
+		if (pkt->tot_len > SL_ICMP_ERROR_MAX)
+			return -SL_DROP_ICMP_ERROR;
+		return parse_icmp_inner(skb, l4 + SL_ICMP_HLEN, &pkt->inner, pkt);
 	}
 	return 0;
 }

@@ -5,25 +5,26 @@
  * checks sizes and field offsets). Addresses and ports are in network byte
  * order, everything else in host order. Structs are padded explicitly so
  * that C and Python agree without relying on compiler padding.
+ *
+ * Directions and reasons: vocabulary.h.
  */
 #ifndef __SLUICE_H__
 #define __SLUICE_H__
 
 #include <linux/types.h>
 
-/* Directions, from the pod's point of view. */
-#define SL_DIR_EGRESS	0	/* from the pod: clsact ingress of the node-side veth */
-#define SL_DIR_INGRESS	1	/* to the pod: clsact egress of the node-side veth */
-#define SL_DIRS		2
+#include "vocabulary.h"
 
 /* Endpoint flags. */
 #define SL_EP_ISOLATED_EGRESS	(1 << 0)	/* egress policy applies: deny unless allowed */
 #define SL_EP_ISOLATED_INGRESS	(1 << 1)	/* ingress policy applies */
 #define SL_EP_DENY_NODE		(1 << 2)	/* do not exempt traffic from the node */
 
-/* One pod's host-side veth, keyed by its ifindex. */
+/* One pod's node-side veth, keyed by its ifindex. Every address of the pod
+ * is also a key of ep_by_ip (address -> ifindex).
+ */
 struct sl_endpoint {
-	__be32 ip;		/* the pod's address: anything else from the pod is spoofed */
+	__be32 ip;		/* the pod's first address */
 	__u32 policy_gen;	/* generation whose policy maps are live */
 	__u32 flags;		/* SL_EP_* */
 	__u32 pad;
@@ -62,7 +63,7 @@ struct sl_rule_key {
 	__u8 pad;
 };
 
-#define SL_MAX_RANGES	8
+#define SL_MAX_RANGES		8
 #define SL_RULE_ANY_PORT	(1 << 0)
 
 struct sl_port_range {
@@ -76,17 +77,24 @@ struct sl_rule {
 	struct sl_port_range ranges[SL_MAX_RANGES];
 };
 
-/* Conntrack, one entry per flow and endpoint, keyed in the direction of the
- * flow's first packet. Replies match the reversed key.
+/* Conntrack: one LRU table per endpoint (ct_tables[ifindex]), so a pod can
+ * only ever evict its own entries. A flow is keyed in the direction of its
+ * first packet; replies match the reversed key. ICMP echo: a request is
+ * (id, 0), its reply (0, id), so only a reply matches a request.
+ * A fragment entry (kind SL_CT_FRAG) remembers an allowed first fragment
+ * for the ones that follow: sport holds the IP id, dport 0.
  */
+#define SL_CT_FLOW	0
+#define SL_CT_FRAG	1
+
 struct sl_ct_key {
 	__be32 saddr;
 	__be32 daddr;
-	__be16 sport;		/* ICMP echo: the identifier */
+	__be16 sport;
 	__be16 dport;
-	__u32 ifindex;
 	__u8 proto;
-	__u8 pad[3];
+	__u8 kind;		/* SL_CT_FLOW, SL_CT_FRAG */
+	__u8 pad[2];
 };
 
 #define SL_CT_SEEN_REPLY	(1 << 0)
@@ -94,28 +102,31 @@ struct sl_ct_key {
 #define SL_CT_FIN_REPLY		(1 << 2)
 #define SL_CT_RST		(1 << 3)
 #define SL_CT_FROM_NODE		(1 << 4)	/* opened by the node itself (exempt from policy) */
+#define SL_CT_SERVICE		(1 << 5)	/* to a ClusterIP: judged after DNAT, not here */
+#define SL_CT_POST_DNAT		(1 << 6)	/* the source's verdict on a service flow after DNAT */
+#define SL_CT_SELF		(1 << 7)	/* the pod reaching itself (hairpin) */
 
 struct sl_ct_entry {
 	__u64 last_seen;	/* bpf_ktime_get_ns() */
 	__u32 policy_gen;	/* generation that allowed the flow */
-	__u32 dir;		/* SL_DIR_* of the first packet */
 	__u32 flags;		/* SL_CT_* */
-	__u32 pad;
-};
-
-/* Fragments: the first fragment's verdict, for the ones that follow. */
-struct sl_frag_key {
-	__be32 saddr;
-	__be32 daddr;
-	__u32 ifindex;
-	__be16 id;
-	__u8 proto;
+	__u8 dir;		/* SL_DIR_* of the first packet */
 	__u8 pad;
+	__be16 sport;		/* fragments: the ports of the first fragment */
+	__be16 dport;
+	__u16 pad2;
 };
 
-struct sl_frag {
-	__u64 seen;
+/* Per endpoint: conntrack entries the datapath created and removed (expired,
+ * cut, superseded). created - removed - live entries = evicted by the LRU.
+ */
+struct sl_ep_stats {
+	__u64 ct_created;
+	__u64 ct_removed;
 };
+
+/* ClusterIPs (service_ips: address -> flags). */
+#define SL_SVC_CLUSTER_IP	(1 << 0)
 
 /* Tunables, in the single entry of the config array. Timeouts in seconds. */
 struct sl_config {
@@ -124,22 +135,12 @@ struct sl_config {
 	__u32 ct_tcp_closing;
 	__u32 ct_udp;
 	__u32 ct_other;
+	__u32 ct_fragment;
 	__u32 events_per_second;	/* per CPU; 0 disables deny events */
 	__u32 events_burst;
+	__u32 ct_per_endpoint;		/* entries of each endpoint's table (userspace sizes them) */
 	__u32 pad;
 };
-
-/* Counters: per CPU, indexed by direction * SL_REASONS + reason. */
-#define SL_ALLOWED		0	/* passed (new flows and packets of known flows) */
-#define SL_ALLOWED_REPLY	1	/* passed as the reply of an allowed flow */
-#define SL_DENIED_POLICY	2	/* no rule allows it */
-#define SL_DROP_SPOOFED		3	/* source is not the pod's address */
-#define SL_DROP_FRAGMENT	4	/* a fragment whose first fragment was not allowed */
-#define SL_DROP_MALFORMED	5	/* truncated or invalid headers */
-#define SL_DROP_UNSUPPORTED	6	/* a protocol policy cannot judge (e.g. IPv6) */
-#define SL_DROP_NO_ENDPOINT	7	/* the veth has no endpoint entry */
-#define SL_DROP_FLOW_CUT	8	/* an established flow the new policy denies */
-#define SL_REASONS		9
 
 /* Rate-limited deny events, through the ring buffer. */
 struct sl_event {
@@ -148,7 +149,7 @@ struct sl_event {
 	__be32 daddr;
 	__be16 sport;
 	__be16 dport;
-	__u32 ifindex;
+	__u32 ifindex;		/* the endpoint whose policy denied (the source's, after DNAT) */
 	__u8 proto;
 	__u8 dir;
 	__u8 reason;

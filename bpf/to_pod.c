@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
- * Attached to clsact egress of a pod's node-side veth: every packet on its
- * way into the pod. Enforces the pod's ingress policy.
+ * On tcx egress of a pod's node-side veth (clsact egress on kernels
+ * without tcx): every packet on its way into the pod, after netfilter
+ * (kube-proxy's DNAT included). Enforces the pod's ingress policy, and the
+ * egress policy of a local source whose flow went through a Service.
  */
 #include "flow.h"
 

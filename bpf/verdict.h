@@ -1,15 +1,16 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
- * The single exit of the endpoint programs: count the verdict per CPU and,
+ * The single exit of the datapath programs: count the verdict per CPU and,
  * for a drop, send a rate-limited event to userspace.
  *
  * API:
- *   int verdict_pass(dir, reason)                 SL_PASS
- *   int verdict_drop(skb, dir, reason, pkt)       TC_ACT_SHOT (pkt may be NULL)
+ *   int verdict_pass(dir, reason)                      SL_PASS
+ *   int verdict_drop(ifindex, dir, reason, tuple)      TC_ACT_SHOT (tuple may be NULL)
  *
  * A pass is "next" (TCX_NEXT, TC_ACT_UNSPEC: both -1), not "ok": later
  * programs on the hook (tcx) or filters (clsact) still run, such as the
- * bandwidth plugin's; with none left the packet goes on.
+ * bandwidth plugin's; with none left the packet goes on. The ifindex of a
+ * drop names the endpoint whose policy decided (after DNAT: the source's).
  */
 #ifndef __SL_VERDICT_H__
 #define __SL_VERDICT_H__
@@ -60,8 +61,8 @@ static __always_inline int verdict_pass(__u32 dir, __u32 reason)
 	return SL_PASS;
 }
 
-static __always_inline int verdict_drop(struct __sk_buff *skb, __u32 dir, __u32 reason,
-					struct sl_packet *pkt)
+static __always_inline int verdict_drop(__u32 ifindex, __u32 dir, __u32 reason,
+					struct sl_tuple *t)
 {
 	struct sl_event ev = {};
 
@@ -69,15 +70,15 @@ static __always_inline int verdict_drop(struct __sk_buff *skb, __u32 dir, __u32 
 	if (!event_allowed())
 		return TC_ACT_SHOT;
 	ev.timestamp = bpf_ktime_get_ns();
-	ev.ifindex = skb->ifindex;
+	ev.ifindex = ifindex;
 	ev.dir = dir;
 	ev.reason = reason;
-	if (pkt) {
-		ev.saddr = pkt->flow.saddr;
-		ev.daddr = pkt->flow.daddr;
-		ev.sport = pkt->flow.sport;
-		ev.dport = pkt->flow.dport;
-		ev.proto = pkt->flow.proto;
+	if (t) {
+		ev.saddr = t->saddr;
+		ev.daddr = t->daddr;
+		ev.sport = t->sport;
+		ev.dport = t->dport;
+		ev.proto = t->proto;
 	}
 	events.ringbuf_output(&ev, sizeof(ev), 0);
 	return TC_ACT_SHOT;

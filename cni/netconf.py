@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from cni.datapath import settings as datapath_settings
+from cni.datapath.settings import DatapathSettings
 from cni.errors import ERR_INVALID_CONFIG, ERR_UNSUPPORTED_FIELD, CNIError, from_ipam
 from cni.protocol import Request
 from cni.result import DNS
@@ -54,6 +56,10 @@ class NetConf:
     ipam: IPAMConf
     dns: DNS
     log_file: str | None
+    datapath: DatapathSettings = field(default_factory=DatapathSettings)
+    # Interfaces towards other nodes, where the agent judges service flows to remote
+    # backends (None: the interface of the node's default route).
+    uplinks: tuple[str, ...] | None = None
 
     @property
     def ipam_type(self) -> str:
@@ -111,7 +117,28 @@ def parse(
         ipam=parsed_ipam,
         dns=DNS.from_json(config.get("dns"), "config"),
         log_file=_path(config["logFile"], "logFile") if config.get("logFile") else None,
+        datapath=_datapath(config.get("datapath")),
+        uplinks=_uplinks(config.get("uplinks")),
     )
+
+
+def _datapath(value: Any) -> DatapathSettings:
+    try:
+        return datapath_settings.parse(value)
+    except ValueError as err:
+        raise CNIError(ERR_INVALID_CONFIG, str(err)) from None
+
+
+def _uplinks(value: Any) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(
+        isinstance(v, str) and 0 < len(v) <= 15 and "/" not in v for v in value
+    ):
+        raise CNIError(
+            ERR_INVALID_CONFIG, f'invalid "uplinks" {value!r}: must be a list of interface names'
+        )
+    return tuple(value)
 
 
 def _ipv4_network(value: Any, key: str) -> ipaddress.IPv4Network:

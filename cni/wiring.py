@@ -78,7 +78,7 @@ def wire(
     if pod_link is None or node_link is None:
         raise RuntimeError(f"veth {pair.node_veth}/{ifname} vanished after creation")
     pod_ips = [str(ipaddress.ip_interface(cidr).ip) for cidr in addresses]
-    endpoint.attach(node, node_link.index, node_link.name, pod_ips[0], bpf_dir)
+    endpoint.attach(node, node_link.index, node_link.name, pod_ips, bpf_dir)
     if before_up is not None:
         before_up(node_link.index)
 
@@ -111,14 +111,15 @@ def routed_alias(node: Rtnl, ip: str) -> str | None:
 
 
 def unwire(node: Rtnl, node_veth: link.Link | None, bpf_dir: str) -> None:
-    """Forget the endpoint and delete the pair (the pod end goes with it)."""
+    """Delete the pair (the pod end goes with it), then forget the endpoint, so the
+    pair is never up and unfiltered."""
     if node_veth is None:
         # Deleted behind our back: its ifindex is unknown, so drop every endpoint
         # whose veth no longer exists.
         endpoint.sweep(bpf_dir, endpoint.live_ifindexes())
         return
-    endpoint.detach(node_veth.index, bpf_dir)
     link.delete_link(node, node_veth.name)
+    endpoint.detach(node_veth.index, bpf_dir)
 
 
 def node_veths(node: Rtnl, network: str) -> dict[tuple[str, str], link.Link]:

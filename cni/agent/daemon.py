@@ -23,8 +23,9 @@ from cni.agent.handlers import Handlers
 from cni.agent.server import AgentServer
 from cni.agent.sources import LocalStore
 from cni.agent.state import AgentState, EndpointRecord
-from cni.datapath import loader
+from cni.datapath import endpoint, loader
 from cni.datapath.maps import Datapath
+from cni.errors import CNIError
 from cni.net import link
 from cni.net.netlink import node_socket
 from cni.netconf import NetConf
@@ -76,8 +77,9 @@ class Agent:
     def start(self) -> None:
         started = time.monotonic()
         conf = self.conf
-        if loader.load(conf.bpf_dir):
+        if loader.load(conf.bpf_dir, settings=conf.datapath):
             log.info("compiled and pinned the datapath in %s", conf.bpf_dir)
+        self._attach_uplinks()
         self.datapath = Datapath(conf.bpf_dir)
         self.state = AgentState(conf.state_dir, conf.network)
         from cni.agent import metrics
@@ -105,6 +107,21 @@ class Agent:
         self.metrics.close()
         self.state.close()
         self.datapath.close()
+
+    def _attach_uplinks(self) -> None:
+        """The program that judges service flows to backends on other nodes, on the
+        interfaces towards them (idempotent; it stays attached when the agent stops)."""
+        names = self.conf.uplinks
+        with node_socket() as node:
+            if names is None:
+                default = link.default_route_interface(node)
+                names = (default,) if default else ()
+            for name in names:
+                try:
+                    endpoint.attach_uplink(node, name, self.conf.bpf_dir)
+                    log.info("judging service flows leaving through %s", name)
+                except CNIError as err:
+                    log.warning("no uplink program on %s: %s", name, err.details)
 
     def _adopt_endpoints(self) -> list[EndpointRecord]:
         """The endpoints recorded before, whose veths still exist with the same ifindex."""

@@ -229,12 +229,7 @@ class Enforcer:
         services = service_ips(self.index)
         if services != self._service_ips:
             self._service_ips = services
-            self._set_service_ips(services)
-
-    def _set_service_ips(self, ips: frozenset[str]) -> None:
-        setter = getattr(self.datapath, "set_service_ips", None)
-        if setter is not None:
-            setter(ips)
+            self.datapath.set_service_ips(services)
 
     def _endpoint_lock(self, key: EndpointKey) -> threading.Lock:
         with self.lock:

@@ -130,10 +130,30 @@ class _Scraped(Collector):
             "sluice_datapath_map_entries", "Entries in the datapath's maps.", labels=["map"]
         )
         fill.add_metric(["endpoints"], endpoints)
-        for name, value in self._fill().items():
-            fill.add_metric([name], value)
+        fill.add_metric(["service_ips"], len(self.datapath.service_ips()))
         yield fill
-
-    def _fill(self) -> dict[str, float]:
-        reader = getattr(self.datapath, "fill_levels", None)
-        return reader() if reader is not None else {}
+        entries = GaugeMetricFamily(
+            "sluice_conntrack_entries",
+            "Live entries in an endpoint's conntrack table.",
+            labels=["ifindex"],
+        )
+        capacity = GaugeMetricFamily(
+            "sluice_conntrack_capacity",
+            "Size of an endpoint's conntrack table.",
+            labels=["ifindex"],
+        )
+        evicted = CounterMetricFamily(
+            "sluice_conntrack_evicted",
+            "Entries an endpoint's full conntrack table evicted.",
+            labels=["ifindex"],
+        )
+        for ifindex in self.datapath.ct_tables():
+            table = self.datapath.table_fill(ifindex)
+            if table is None:
+                continue
+            entries.add_metric([str(ifindex)], table.entries)
+            capacity.add_metric([str(ifindex)], table.capacity)
+            evicted.add_metric([str(ifindex)], table.evicted)
+        yield entries
+        yield capacity
+        yield evicted

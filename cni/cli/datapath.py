@@ -16,14 +16,29 @@ from cni.conflist import DEFAULT_CONF
 from cni.netconf import DEFAULT_BPF_DIR
 
 
+def plugin_of(conf_path: str | None) -> dict[str, Any]:
+    try:
+        return conflist_mod.load(conf_path or DEFAULT_CONF).plugin()
+    except conflist_mod.ConflistError as err:
+        raise click.ClickException(f"{err} (or pass --bpf-dir)") from None
+
+
 def bpf_dir_of(conf_path: str | None, bpf_dir: str | None) -> str:
     if bpf_dir:
         return bpf_dir
+    return str(plugin_of(conf_path).get("bpfDir", DEFAULT_BPF_DIR))
+
+
+def settings_of(conf_path: str | None, bpf_dir: str | None) -> Any:
+    """The plugin config's "datapath" settings (defaults with --bpf-dir and no --conf)."""
+    from cni.datapath import settings
+
+    if bpf_dir and not conf_path:
+        return settings.DatapathSettings()
     try:
-        plugin = conflist_mod.load(conf_path or DEFAULT_CONF).plugin()
-    except conflist_mod.ConflistError as err:
-        raise click.ClickException(f"{err} (or pass --bpf-dir)") from None
-    return str(plugin.get("bpfDir", DEFAULT_BPF_DIR))
+        return settings.from_plugin(plugin_of(conf_path))
+    except ValueError as err:
+        raise click.ClickException(str(err)) from None
 
 
 bpf_dir_option = click.option("--bpf-dir", default=None, help="The datapath's bpffs directory.")
@@ -52,19 +67,27 @@ def datapath() -> None:
 @conf_option
 @bpf_dir_option
 @click.option("--force", is_flag=True, help="Compile and reload even if the source is unchanged.")
-def load(conf_path: str | None, bpf_dir: str | None, force: bool) -> None:
+@click.option(
+    "--replace",
+    is_flag=True,
+    help="Replace a datapath pinned with other struct layouts or map sizes "
+    "(its pods drop all traffic until they are registered again).",
+)
+def load(conf_path: str | None, bpf_dir: str | None, force: bool, replace: bool) -> None:
     """Compile the programs (bcc) and pin them with their maps; switch attached veths.
 
     Live maps (endpoints, policies, conntrack) are kept, so established flows
-    survive a reload.
+    survive a reload. The network config's "datapath" settings take effect:
+    tunables at once, map sizes with --replace.
     """
     from cni.datapath import loader
     from cni.errors import CNIError
 
     directory = bpf_dir_of(conf_path, bpf_dir)
+    settings = settings_of(conf_path, bpf_dir)
     started = time.monotonic()
     try:
-        loaded = loader.load(directory, force=force)
+        loaded = loader.load(directory, force=force, settings=settings, replace=replace)
     except CNIError as err:
         raise click.ClickException(err.details) from None
     if loaded:
@@ -76,13 +99,13 @@ def load(conf_path: str | None, bpf_dir: str | None, force: bool) -> None:
 def show_report(bpf_dir: str) -> dict[str, Any]:
     from cni.attachment import parse_alias
     from cni.datapath import bpf, loader
-    from cni.datapath.endpoint import HOOKS, attached_programs
+    from cni.datapath.endpoint import HOOKS, UPLINK_HOOKS, attached_programs, uplinks
     from cni.datapath.maps import MAPS
     from cni.datapath.structs import ip_str
     from cni.net.netlink import Rtnl
 
     programs = {}
-    for name in HOOKS:
+    for name in (*HOOKS, *UPLINK_HOOKS):
         fd = bpf.obj_get(os.path.join(bpf_dir, name))
         try:
             info = bpf.prog_info(fd)
@@ -91,24 +114,38 @@ def show_report(bpf_dir: str) -> dict[str, Any]:
         programs[name] = {"id": info.id, "tag": bytes(info.tag).hex(), "name": info.name.decode()}
     with _open(bpf_dir) as dp, Rtnl() as ipr:
         links = {msg["index"]: msg for msg in ipr.link("dump")}
+        addresses: dict[int, list[str]] = {}
+        for ip, owner_index in sorted(dp.endpoint_ips().items()):
+            addresses.setdefault(owner_index, []).append(ip)
         endpoints = []
         for ifindex, ep in sorted(dp.endpoints().items()):
             link = links.get(ifindex)
             owner = parse_alias(link.get("IFLA_IFALIAS")) if link else None
+            table = dp.table_fill(ifindex)
             endpoints.append(
                 {
                     "ifindex": ifindex,
                     "veth": link.get("IFLA_IFNAME") if link else None,
                     "ip": ip_str(ep.ip),
+                    "ips": addresses.get(ifindex, []),
                     "network": owner[0] if owner else None,
                     "containerID": owner[1] if owner else None,
                     "policyGeneration": ep.policy_gen,
                     "isolated": [d for d, bit in (("egress", 1), ("ingress", 2)) if ep.flags & bit],
                     "attached": sorted(attached_programs(ipr, ifindex, bpf_dir)) if link else [],
+                    "conntrack": None
+                    if table is None
+                    else {
+                        "entries": table.entries,
+                        "max": table.capacity,
+                        "created": table.created,
+                        "removed": table.removed,
+                        "evicted": table.evicted,
+                    },
                 }
             )
         fill = {}
-        for name in ("endpoints", "peers", "rules", "conntrack", "fragments"):
+        for name in ("endpoints", "ep_by_ip", "service_ips", "peers", "rules", "ct_tables"):
             info = bpf.map_info(dp.fd(name))
             fill[name] = {
                 "entries": sum(1 for _ in dp.keys(name, _key_type(name))),
@@ -117,13 +154,18 @@ def show_report(bpf_dir: str) -> dict[str, Any]:
         config = {
             name: getattr(dp.config(), name) for name, _ in dp.config()._fields_ if name != "pad"
         }
+        uplink_names = [
+            links[i].get("IFLA_IFNAME") if i in links else str(i) for i in uplinks(bpf_dir)
+        ]
     return {
         "bpfDir": bpf_dir,
         "current": loader.is_current(bpf_dir),
+        "layout": loader.pinned_layout(bpf_dir),
         "programs": programs,
         "maps": sorted(MAPS),
         "mapFill": fill,
         "config": config,
+        "uplinks": uplink_names,
         "endpoints": endpoints,
     }
 
@@ -133,13 +175,9 @@ def _key_type(name: str) -> Any:
 
     from cni.datapath import structs
 
-    return {
-        "endpoints": ctypes.c_uint32,
-        "peers": structs.PolicyKey,
-        "rules": structs.PolicyKey,
-        "conntrack": structs.CTKey,
-        "fragments": structs.FragKey,
-    }[name]
+    if name in ("peers", "rules"):
+        return structs.PolicyKey
+    return ctypes.c_uint32
 
 
 @datapath.command()
@@ -169,6 +207,15 @@ def show(conf_path: str | None, bpf_dir: str | None, output: str) -> None:
             f"{ep['policyGeneration']:<6}{','.join(ep['isolated']) or '-':<17}"
             f"{','.join(ep['attached']) or '-':<18}{owner}"
         )
+        ct = ep["conntrack"]
+        if ct is not None:
+            click.echo(
+                f"  {'':<9}conntrack {ct['entries']}/{ct['max']}, created {ct['created']}, "
+                f"removed {ct['removed']}, evicted {ct['evicted']}"
+                + (f"; addresses {', '.join(ep['ips'])}" if len(ep["ips"]) > 1 else "")
+            )
+    if report["uplinks"]:
+        click.echo(f"  uplinks  {', '.join(report['uplinks'])}")
 
 
 @datapath.command()

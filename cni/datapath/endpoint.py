@@ -1,9 +1,9 @@
-"""One pod's datapath: its endpoint entry and the programs on its node-side veth.
+"""One pod's datapath: its endpoint entries and the programs on its node-side veth.
 
-ADD writes the endpoint entry first and then attaches the pinned programs
-(ingress of the node-side veth: traffic from the pod; egress: traffic to
-the pod) by the pinned programs' fds, before the pod's interface is up. No
-bcc, no compile.
+ADD registers the endpoint (its addresses, an empty conntrack table of its
+own) and then attaches the pinned programs (tcx ingress of the node-side
+veth: traffic from the pod; tcx egress: traffic to the pod) by the pinned
+programs' fds, before the pod's interface is up. No bcc, no compile.
 
 Attachment uses tcx links (kernel 6.6+): no qdisc, so other tc users such
 as the bandwidth plugin's ingress qdisc keep working, and the programs
@@ -11,26 +11,34 @@ return "next" on allow so that they run too. Each link is pinned under
 ``<bpfDir>/links/<ifindex>_<program>`` (a link lives as long as its pin); a
 reload swaps the program inside every link in one step. Kernels without tcx
 get a clsact qdisc with direct-action filters instead.
+
+Every writer of the pinned state holds ``state_lock(bpfDir)``. Removal goes
+veth first (the caller deletes it), then links and entries, so a pair is
+never up, routed and unfiltered.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import os
 import socket
 
 from cni.datapath import bpf
+from cni.datapath.lock import state_lock
 from cni.datapath.maps import Datapath, DatapathMissing
-from cni.datapath.structs import Endpoint, ip_be
+from cni.datapath.structs import Endpoint, ip_be, ip_str
 from cni.errors import ERR_CHECK_FAILED, ERR_KERNEL, CNIError
 from cni.net.netlink import NetlinkError, Rtnl, kernel_op
 
 # program -> (tcx attach type, clsact parent)
 HOOKS = {"from_pod": (bpf.TCX_INGRESS, "ffff:fff2"), "to_pod": (bpf.TCX_EGRESS, "ffff:fff3")}
+UPLINK_HOOKS = {"uplink": (bpf.TCX_EGRESS, "ffff:fff3")}
 FILTER_HANDLE = 1
 FILTER_PRIO = 1
 LINKS = "links"
+ARPHRD_ETHER = 1
 
 
 def link_path(bpf_dir: str, ifindex: int, program: str) -> str:
@@ -41,18 +49,18 @@ def _program_fd(bpf_dir: str, program: str) -> int:
     return bpf.obj_get(os.path.join(bpf_dir, program))
 
 
-def _attach_links(ifindex: int, bpf_dir: str) -> bool:
-    """Pinned tcx links for both programs; False when the kernel has no tcx."""
+def _attach_links(ifindex: int, bpf_dir: str, hooks: dict[str, tuple[int, str]]) -> bool:
+    """Pinned tcx links for the programs; False when the kernel has no tcx."""
     os.makedirs(os.path.join(bpf_dir, LINKS), exist_ok=True)
-    for program, (attach_type, _) in HOOKS.items():
+    for index, (program, (attach_type, _)) in enumerate(hooks.items()):
         path = link_path(bpf_dir, ifindex, program)
-        if os.path.exists(path):  # a leftover of an earlier veth with this ifindex
+        if os.path.exists(path):  # a leftover of an earlier device with this ifindex
             os.unlink(path)
         prog_fd = _program_fd(bpf_dir, program)
         try:
             link_fd = bpf.link_create(prog_fd, ifindex, attach_type)
         except bpf.BPFError as err:
-            if err.errno in (errno.EINVAL, errno.EOPNOTSUPP) and program == "from_pod":
+            if err.errno in (errno.EINVAL, errno.EOPNOTSUPP) and index == 0:
                 return False
             raise
         finally:
@@ -64,8 +72,10 @@ def _attach_links(ifindex: int, bpf_dir: str) -> bool:
     return True
 
 
-def _filters(ipr: Rtnl, command: str, ifindex: int, bpf_dir: str) -> None:
-    for program, (_, parent) in HOOKS.items():
+def _filters(
+    ipr: Rtnl, command: str, ifindex: int, bpf_dir: str, hooks: dict[str, tuple[int, str]]
+) -> None:
+    for program, (_, parent) in hooks.items():
         fd = _program_fd(bpf_dir, program)
         try:
             ipr.tc(
@@ -84,19 +94,51 @@ def _filters(ipr: Rtnl, command: str, ifindex: int, bpf_dir: str) -> None:
             os.close(fd)
 
 
-def attach(ipr: Rtnl, ifindex: int, name: str, pod_ip: str, bpf_dir: str, flags: int = 0) -> None:
-    """Endpoint entry, then the programs; fails closed (no entry: every packet drops)."""
+def no_ipv6_from_pod(name: str) -> None:
+    """The node-side veth takes no IPv6 (so no router advertisement) from the pod;
+    set before the link is up."""
+    for key, value in (("accept_ra", "0"), ("disable_ipv6", "1")):
+        path = f"/proc/sys/net/ipv6/conf/{name}/{key}"
+        with contextlib.suppress(FileNotFoundError), open(path, "w") as f:
+            f.write(value)
+
+
+def attach(
+    ipr: Rtnl, ifindex: int, name: str, pod_ips: list[str], bpf_dir: str, flags: int = 0
+) -> None:
+    """Endpoint entries, then the programs; fails closed (no entry: every packet drops).
+
+    ``pod_ips`` are all of the pod's IPv4 addresses: any other source from the
+    pod is spoofed."""
+    if not pod_ips:
+        raise CNIError(ERR_KERNEL, f'failed to attach the datapath to "{name}": no pod address')
+    no_ipv6_from_pod(name)
     try:
         with Datapath(bpf_dir) as datapath:
-            datapath.set_endpoint(ifindex, Endpoint(ip=ip_be(pod_ip), policy_gen=0, flags=flags))
-        attach_programs(ipr, ifindex, name, bpf_dir)
+            with state_lock(bpf_dir):
+                datapath.set_endpoint(
+                    ifindex, Endpoint(ip=ip_be(pod_ips[0]), policy_gen=0, flags=flags)
+                )
+                datapath.set_endpoint_ips(ifindex, pod_ips)
+            # Outside the lock: the kernel waits for an RCU grace period after a
+            # map-in-map update, and concurrent ADDs need not wait for each other's.
+            # The endpoint entry exists and its veth is live, so no sweep removes it.
+            datapath.create_ct_table(ifindex)
+            with state_lock(bpf_dir):
+                attach_programs(ipr, ifindex, name, bpf_dir)
     except (bpf.BPFError, DatapathMissing) as err:
         raise CNIError(ERR_KERNEL, f'failed to attach the datapath to "{name}": {err}') from None
 
 
-def attach_programs(ipr: Rtnl, ifindex: int, name: str, bpf_dir: str) -> None:
-    """The pinned programs on the veth's hooks: tcx links, or clsact filters."""
-    if _attach_links(ifindex, bpf_dir):
+def attach_programs(
+    ipr: Rtnl,
+    ifindex: int,
+    name: str,
+    bpf_dir: str,
+    hooks: dict[str, tuple[int, str]] = HOOKS,
+) -> None:
+    """The pinned programs on the device's hooks: tcx links, or clsact filters."""
+    if _attach_links(ifindex, bpf_dir, hooks):
         return
     with kernel_op(f'add clsact to "{name}"'):
         try:
@@ -105,53 +147,105 @@ def attach_programs(ipr: Rtnl, ifindex: int, name: str, bpf_dir: str) -> None:
             if err.code != errno.EEXIST:
                 raise
     with kernel_op(f'attach the datapath to "{name}"'):
-        _filters(ipr, "add-filter", ifindex, bpf_dir)
+        _filters(ipr, "add-filter", ifindex, bpf_dir, hooks)
 
 
 def detach_programs(ipr: Rtnl, ifindex: int, bpf_dir: str) -> None:
     """Take the programs off the veth, keeping its endpoint entry."""
-    _unpin_links(bpf_dir, ifindex)
+    with state_lock(bpf_dir):
+        _unpin_links(bpf_dir, ifindex, HOOKS)
     with contextlib.suppress(NetlinkError):
         ipr.tc("del", "clsact", ifindex)
 
 
-def _unpin_links(bpf_dir: str, ifindex: int) -> None:
-    for program in HOOKS:
+def _unpin_links(bpf_dir: str, ifindex: int, hooks: dict[str, tuple[int, str]]) -> None:
+    for program in hooks:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(link_path(bpf_dir, ifindex, program))
 
 
 def detach(ifindex: int, bpf_dir: str) -> None:
-    """Forget the endpoint and release its links (clsact filters go with the veth)."""
-    _unpin_links(bpf_dir, ifindex)
+    """Forget the endpoint and release its links. The caller deletes the veth first,
+    so the pair is gone before its filter is."""
     try:
         with Datapath(bpf_dir) as datapath:
-            datapath.delete_endpoint(ifindex)
+            with state_lock(bpf_dir):
+                _unpin_links(bpf_dir, ifindex, HOOKS)
+                datapath.delete_endpoint(ifindex, table=False)
+            datapath.drop_ct_table(ifindex)  # outside the lock: an RCU grace period
     except DatapathMissing:
-        pass  # nothing was ever loaded here
+        with state_lock(bpf_dir):
+            _unpin_links(bpf_dir, ifindex, HOOKS)  # nothing was ever loaded here
+
+
+# -- uplinks ----------------------------------------------------------------------------
+
+
+def attach_uplink(ipr: Rtnl, name: str, bpf_dir: str) -> int:
+    """Judge service flows leaving the node through ``name`` (an Ethernet device);
+    return its ifindex. Idempotent."""
+    ifindex = socket.if_nametoindex(name)
+    with open(f"/sys/class/net/{name}/type") as f:
+        if int(f.read()) != ARPHRD_ETHER:
+            raise CNIError(ERR_KERNEL, f'uplink "{name}" is not an Ethernet device')
+    try:
+        with state_lock(bpf_dir):
+            attach_programs(ipr, ifindex, name, bpf_dir, UPLINK_HOOKS)
+    except bpf.BPFError as err:
+        message = f'failed to attach the uplink program to "{name}": {err}'
+        raise CNIError(ERR_KERNEL, message) from None
+    return ifindex
+
+
+def detach_uplink(ipr: Rtnl, name: str, bpf_dir: str) -> None:
+    ifindex = socket.if_nametoindex(name)
+    with state_lock(bpf_dir):
+        if os.path.exists(link_path(bpf_dir, ifindex, "uplink")):
+            _unpin_links(bpf_dir, ifindex, UPLINK_HOOKS)
+            return
+    with contextlib.suppress(NetlinkError):
+        ipr.tc("del-filter", "bpf", ifindex, FILTER_HANDLE, parent="ffff:fff3", prio=FILTER_PRIO)
+
+
+def uplinks(bpf_dir: str) -> list[int]:
+    """ifindexes with a pinned uplink link."""
+    links_dir = os.path.join(bpf_dir, LINKS)
+    if not os.path.isdir(links_dir):
+        return []
+    return sorted(int(p.split("_", 1)[0]) for p in os.listdir(links_dir) if p.endswith("_uplink"))
+
+
+# -- reload ---------------------------------------------------------------------------------
 
 
 def switch_programs(bpf_dir: str, ifindexes: list[int]) -> None:
-    """Point every endpoint at the programs pinned now (after a reload)."""
-    with Rtnl() as ipr:
+    """Point every endpoint (and uplink) at the programs pinned now (after a reload)."""
+    with state_lock(bpf_dir), Rtnl() as ipr:
         for ifindex in ifindexes:
             if os.path.exists(link_path(bpf_dir, ifindex, "from_pod")):
                 try:
-                    _update_links(bpf_dir, ifindex)
+                    _update_links(bpf_dir, ifindex, HOOKS)
                 except bpf.BPFError as err:
                     if err.errno != errno.ENOLINK:
                         raise
                     detach(ifindex, bpf_dir)  # the veth is gone: nothing to switch
                 continue
             try:
-                _filters(ipr, "replace-filter", ifindex, bpf_dir)
+                _filters(ipr, "replace-filter", ifindex, bpf_dir, HOOKS)
             except NetlinkError as err:
                 if err.code not in (errno.ENODEV, errno.ENOENT, errno.EINVAL):
                     raise
+        for ifindex in uplinks(bpf_dir):
+            try:
+                _update_links(bpf_dir, ifindex, UPLINK_HOOKS)
+            except bpf.BPFError as err:
+                if err.errno != errno.ENOLINK:
+                    raise
+                _unpin_links(bpf_dir, ifindex, UPLINK_HOOKS)
 
 
-def _update_links(bpf_dir: str, ifindex: int) -> None:
-    for program in HOOKS:
+def _update_links(bpf_dir: str, ifindex: int, hooks: dict[str, tuple[int, str]]) -> None:
+    for program in hooks:
         link_fd = bpf.obj_get(link_path(bpf_dir, ifindex, program))
         prog_fd = _program_fd(bpf_dir, program)
         try:
@@ -165,8 +259,16 @@ def live_ifindexes() -> set[int]:
     return {index for index, _ in socket.if_nameindex()}
 
 
+def is_live(ifindex: int) -> bool:
+    try:
+        socket.if_indextoname(ifindex)
+    except OSError:
+        return False
+    return True
+
+
 def pinned_programs(bpf_dir: str) -> dict[str, int]:
-    """{program: id} of the programs pinned now."""
+    """{program: id} of the endpoint programs pinned now."""
     ids = {}
     for program in HOOKS:
         fd = _program_fd(bpf_dir, program)
@@ -203,12 +305,15 @@ def attached_programs(ipr: Rtnl, ifindex: int, bpf_dir: str) -> dict[str, int | 
     return found
 
 
-def check(ipr: Rtnl, ifindex: int, name: str, pod_ip: str, bpf_dir: str) -> None:
-    """CHECK: the veth runs the pinned programs and its endpoint entry is right."""
+def check(ipr: Rtnl, ifindex: int, name: str, pod_ips: list[str], bpf_dir: str) -> None:
+    """CHECK: the veth runs the pinned programs, its endpoint entry is right and every
+    pod address is registered as its own."""
     try:
         pinned = pinned_programs(bpf_dir)
         with Datapath(bpf_dir) as datapath:
             endpoint = datapath.endpoint(ifindex)
+            registered = datapath.endpoint_ips(ifindex)
+            tables = datapath.ct_tables()
     except (bpf.BPFError, DatapathMissing) as err:
         raise CNIError(
             ERR_CHECK_FAILED, f'the datapath in "{bpf_dir}" is not loaded: {err}'
@@ -225,27 +330,48 @@ def check(ipr: Rtnl, ifindex: int, name: str, pod_ip: str, bpf_dir: str) -> None
             )
     if endpoint is None:
         raise CNIError(ERR_CHECK_FAILED, f'"{name}" (ifindex {ifindex}) has no endpoint entry')
-    if endpoint.ip != ip_be(pod_ip):
-        raise CNIError(ERR_CHECK_FAILED, f'the endpoint entry of "{name}" is not for {pod_ip}')
+    if pod_ips and ip_str(endpoint.ip) not in pod_ips:
+        raise CNIError(ERR_CHECK_FAILED, f'the endpoint entry of "{name}" is not for {pod_ips[0]}')
+    missing = [ip for ip in pod_ips if registered.get(ip) != ifindex]
+    if missing:
+        raise CNIError(
+            ERR_CHECK_FAILED, f'the datapath does not know {missing} as addresses of "{name}"'
+        )
+    if ifindex not in tables:
+        raise CNIError(ERR_CHECK_FAILED, f'"{name}" (ifindex {ifindex}) has no conntrack table')
 
 
-def sweep(bpf_dir: str, live: set[int]) -> int:
-    """Remove endpoints whose veth is gone, and every entry keyed by a gone endpoint."""
-    links_dir = os.path.join(bpf_dir, LINKS)
-    if os.path.isdir(links_dir):
-        for pin in os.listdir(links_dir):
-            if int(pin.split("_", 1)[0]) not in live:
-                os.unlink(os.path.join(links_dir, pin))
-    try:
-        with Datapath(bpf_dir) as datapath:
-            gone = set(datapath.endpoints()) - live
-            for ifindex in gone:
-                datapath.delete_endpoint(ifindex)
-            known = datapath.endpoints()
-            for ifindex, gen, direction in datapath.policy_keys():
-                if ifindex not in known or gen != known[ifindex].policy_gen:
-                    datapath.delete_policy_maps(ifindex, gen, direction)
-            datapath.sweep_flows({k.ifindex for k, _ in datapath.flows()} - set(known))
-            return len(gone)
-    except DatapathMissing:
-        return 0
+def sweep(bpf_dir: str, live: set[int] | None = None) -> int:
+    """Remove endpoints whose veth is gone and everything keyed by them; return how many.
+
+    Under the state lock, each candidate is checked again just before it goes
+    (``live`` is only a hint), so an endpoint or link a concurrent ADD has just
+    created is never removed, nor the generation an install is building."""
+    with state_lock(bpf_dir):
+        links_dir = os.path.join(bpf_dir, LINKS)
+        if os.path.isdir(links_dir):
+            for pin in os.listdir(links_dir):
+                ifindex = int(pin.split("_", 1)[0])
+                if (live is None or ifindex not in live) and not is_live(ifindex):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(os.path.join(links_dir, pin))
+        try:
+            with Datapath(bpf_dir) as datapath:
+                known = datapath.endpoints()
+                gone = [i for i in known if (live is None or i not in live) and not is_live(i)]
+                for ifindex in gone:
+                    datapath.delete_endpoint(ifindex)
+                    del known[ifindex]
+                for ifindex, gen, direction in datapath.policy_keys():
+                    ep = known.get(ifindex)
+                    if ep is None or gen not in (ep.policy_gen, (ep.policy_gen + 1) & 0xFFFFFFFF):
+                        datapath.delete_policy_maps(ifindex, gen, direction)
+                for ifindex in datapath.ct_tables():
+                    if ifindex not in known:
+                        datapath.delete_endpoint(ifindex)
+                for ip, ifindex in datapath.endpoint_ips().items():
+                    if ifindex not in known:
+                        bpf.map_delete(datapath.fd("ep_by_ip"), ctypes.c_uint32(ip_be(ip)))
+                return len(gone)
+        except DatapathMissing:
+            return 0

@@ -2,11 +2,19 @@
 
 The programs in bpf/ are compiled by whoever needs them first (``sluicectl
 datapath load``, the agent, or in "policy": "off" mode the first ADD that
-finds nothing pinned), under a lock so that concurrent callers compile once.
-Maps are pinned by the programs themselves (bcc reuses a pinned map), so a
-reload with changed source keeps endpoints, policies and conntrack; the new
-programs are pinned over the old ones and every attached veth is switched
-to them, one atomic filter replacement each.
+finds nothing pinned), under the datapath's state lock so that concurrent
+callers compile once and no ADD sees a half-loaded datapath: maps and the
+config map are written first, the programs are pinned last (an ADD looks
+for the programs). Maps are pinned by the programs themselves (bcc reuses
+a pinned map), so a reload with changed source keeps endpoints, policies
+and conntrack; the new programs are pinned over the old ones and every
+attached veth is switched to them, one atomic link update each.
+
+What the maps look like (struct layouts, map definitions, compiled sizes)
+is hashed into a layout marker pinned beside them. A datapath pinned with
+another layout is never reused: ``load`` refuses it with a clear error
+unless told to replace it, and opening a map whose key or value size
+differs fails (maps.DatapathMismatch).
 
 bcc only rewrites map calls in the main source file, so the loader inlines
 the project's own headers (``#include "x.h"``) into one text first.
@@ -14,18 +22,20 @@ the project's own headers (``#include "x.h"``) into one text first.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import logging
 import os
 import re
+import shutil
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from cni.datapath import bpf
-from cni.datapath.maps import DEFAULT_CONFIG, PROGRAMS, Datapath
+from cni.datapath.lock import state_lock
+from cni.datapath.maps import MAPS, PROGRAMS, Datapath, DatapathMismatch
+from cni.datapath.settings import DatapathSettings
 from cni.errors import ERR_KERNEL, CNIError
 
 log = logging.getLogger("sluice")
@@ -34,6 +44,7 @@ SOURCE_DIR = Path(__file__).resolve().parent.parent.parent / "bpf"
 BPFFS_ROOT = "/sys/fs/bpf"
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$')
 CFLAGS = ["-Wno-unused-function", "-Wno-macro-redefined"]
+LAYOUT_FILES = ("vocabulary.h", "sluice.h", "maps.h")
 
 
 def inline_includes(path: Path, seen: set[Path] | None = None) -> str:
@@ -55,14 +66,25 @@ def inline_includes(path: Path, seen: set[Path] | None = None) -> str:
 
 
 def program_source() -> str:
-    """Both entry files in one compilation unit (one compile, shared helpers)."""
+    """Every entry file in one compilation unit (one compile, shared helpers)."""
     seen: set[Path] = set()
     return "".join(inline_includes(SOURCE_DIR / f"{name}.c", seen) for name in PROGRAMS)
 
 
-def source_hash(bpf_dir: str) -> str:
+def source_hash(bpf_dir: str, settings: DatapathSettings | None = None) -> str:
     digest = hashlib.sha256(program_source().encode())
     digest.update(bpf_dir.encode())
+    digest.update(layout_hash(settings).encode())
+    return digest.hexdigest()[:16]
+
+
+def layout_hash(settings: DatapathSettings | None = None) -> str:
+    """What pinned maps must agree on: struct layouts, map definitions, sizes."""
+    settings = settings or DatapathSettings()
+    digest = hashlib.sha256()
+    for name in LAYOUT_FILES:
+        digest.update((SOURCE_DIR / name).read_bytes())
+    digest.update(repr(sorted(settings.compiled().items())).encode())
     return digest.hexdigest()[:16]
 
 
@@ -81,30 +103,40 @@ def ensure_bpffs() -> None:
 
 @contextmanager
 def load_lock(bpf_dir: str) -> Iterator[None]:
-    """Serialise loaders of one datapath: a lock on its bpffs directory."""
+    """The datapath's state lock, with bpffs mounted first."""
     ensure_bpffs()
-    os.makedirs(bpf_dir, exist_ok=True)
-    fd = os.open(bpf_dir, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with state_lock(bpf_dir):
         yield
-    finally:
-        os.close(fd)
 
 
-def _marker(bpf_dir: str, digest: str) -> str:
-    return os.path.join(bpf_dir, f"source_{digest}")
+def _marker(bpf_dir: str, kind: str, digest: str) -> str:
+    return os.path.join(bpf_dir, f"{kind}_{digest}")
 
 
-def is_current(bpf_dir: str) -> bool:
-    """Pinned, and from the source this sluice has (a marker pinned beside it says)."""
+def pinned_layout(bpf_dir: str) -> str | None:
+    """The layout marker's hash, "" for maps pinned without one, None if nothing is."""
+    try:
+        names = os.listdir(bpf_dir)
+    except FileNotFoundError:
+        return None
+    for name in names:
+        if name.startswith("layout_"):
+            return name.removeprefix("layout_")
+    return "" if any(name in names for name in MAPS) else None
+
+
+def is_current(bpf_dir: str, settings: DatapathSettings | None = None) -> bool:
+    """Pinned, and from the source and layout this sluice has (markers say)."""
     with Datapath(bpf_dir) as datapath:
         loaded = datapath.is_loaded()
-    return loaded and os.path.exists(_marker(bpf_dir, source_hash(bpf_dir)))
+    return loaded and os.path.exists(_marker(bpf_dir, "source", source_hash(bpf_dir, settings)))
 
 
-def ensure_loaded(bpf_dir: str) -> bool:
-    """Load the datapath unless it is pinned already; True if this call compiled it."""
+def ensure_loaded(bpf_dir: str, settings: DatapathSettings | None = None) -> bool:
+    """Load the datapath unless it is pinned already; True if this call compiled it.
+
+    A datapath pinned with another layout is not replaced here: opening its
+    maps fails with a clear error (sluicectl datapath load --replace)."""
     with Datapath(bpf_dir) as datapath:
         if datapath.is_loaded():
             return False
@@ -112,20 +144,69 @@ def ensure_loaded(bpf_dir: str) -> bool:
         with Datapath(bpf_dir) as datapath:
             if datapath.is_loaded():  # another process compiled it meanwhile
                 return False
-        _load(bpf_dir)
+        _refuse_other_layout(bpf_dir, settings)
+        _load(bpf_dir, settings or DatapathSettings())
     return True
 
 
-def load(bpf_dir: str, force: bool = False) -> bool:
-    """Compile and pin unless the pinned programs come from this source; True if loaded."""
+def load(
+    bpf_dir: str,
+    force: bool = False,
+    settings: DatapathSettings | None = None,
+    replace: bool = False,
+) -> bool:
+    """Compile and pin unless the pinned programs come from this source; True if loaded.
+
+    The tunables of ``settings`` are written to the config map either way.
+    ``replace``: a datapath pinned with another layout is unpinned and loaded
+    anew; its endpoints keep their links, now to the new programs, and drop
+    every packet until they are registered again (fail closed)."""
+    settings = settings or DatapathSettings()
     with load_lock(bpf_dir):
-        if is_current(bpf_dir) and not force:
+        stale: list[int] = []
+        if replace and pinned_layout(bpf_dir) not in (None, layout_hash(settings)):
+            stale = _unpin_all(bpf_dir)
+        _refuse_other_layout(bpf_dir, settings)
+        if is_current(bpf_dir, settings) and not force:
+            with Datapath(bpf_dir) as datapath:
+                datapath.set_config(**settings.config_fields())
             return False
-        _load(bpf_dir)
+        _load(bpf_dir, settings, stale)
     return True
 
 
-def _load(bpf_dir: str) -> None:
+def _refuse_other_layout(bpf_dir: str, settings: DatapathSettings | None) -> None:
+    pinned, ours = pinned_layout(bpf_dir), layout_hash(settings)
+    if pinned not in (None, ours):
+        raise CNIError(
+            ERR_KERNEL,
+            f'the datapath pinned in "{bpf_dir}" has layout {pinned or "(unmarked)"}, '
+            f"this sluice and its settings need {ours} (struct layouts or map sizes "
+            "changed); refusing to reuse it: run `sluicectl datapath load --replace` "
+            "(attached pods drop all traffic until they are registered again)",
+        )
+
+
+def _unpin_all(bpf_dir: str) -> list[int]:
+    """Unpin an incompatible datapath, keeping the links; return their endpoints."""
+    links = os.path.join(bpf_dir, "links")
+    kept = sorted(
+        {int(p.split("_", 1)[0]) for p in os.listdir(links) if not p.endswith("_uplink")}
+        if os.path.isdir(links)
+        else set()
+    )
+    for name in os.listdir(bpf_dir):
+        path = os.path.join(bpf_dir, name)
+        if name == "links":
+            continue
+        if os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            os.unlink(path)
+    return kept
+
+
+def _load(bpf_dir: str, settings: DatapathSettings, stale: list[int] | None = None) -> None:
     started = time.monotonic()
     try:
         from bcc import BPF
@@ -134,47 +215,57 @@ def _load(bpf_dir: str) -> None:
             ERR_KERNEL,
             f"failed to load the datapath: bcc is not available ({err}); install python3-bpfcc",
         ) from None
+    defines = [f"-D{name}={value}" for name, value in settings.compiled().items()]
     try:
-        module = BPF(text=program_source().encode(), cflags=[*CFLAGS, f'-DSL_PIN_DIR="{bpf_dir}"'])
+        module = BPF(
+            text=program_source().encode(),
+            cflags=[*CFLAGS, *defines, f'-DSL_PIN_DIR="{bpf_dir}"'],
+        )
         functions = {name: module.load_func(name.encode(), BPF.SCHED_CLS) for name in PROGRAMS}
     except Exception as err:
         raise CNIError(
             ERR_KERNEL, f'failed to compile the datapath into "{bpf_dir}": {err}'
         ) from None
-    for name, function in functions.items():
-        # Pin beside, then rename over the old pin: never a moment without one.
-        staging = os.path.join(bpf_dir, f"{name}_new")  # bpffs refuses names with a dot
-        if os.path.exists(staging):
-            os.unlink(staging)
-        bpf.obj_pin(function.fd, staging)
-        os.replace(staging, os.path.join(bpf_dir, name))
-    with Datapath(bpf_dir) as datapath:
-        if datapath.config().ct_udp == 0:  # a new datapath: set the tunables
-            datapath.set_config(
-                **{name: getattr(DEFAULT_CONFIG, name) for name, _ in DEFAULT_CONFIG._fields_}
-            )
-        endpoints = list(datapath.endpoints())
-    if endpoints:
+    try:
+        # Config and markers first: the programs' pins are what an ADD looks for.
+        with Datapath(bpf_dir) as datapath:
+            datapath.set_config(**settings.config_fields())
+            endpoints = list(datapath.endpoints())
+        _pin_markers(bpf_dir, settings)
+        for name, function in functions.items():
+            # Pin beside, then rename over the old pin: never a moment without one.
+            staging = os.path.join(bpf_dir, f"{name}_new")  # bpffs refuses names with a dot
+            if os.path.exists(staging):
+                os.unlink(staging)
+            bpf.obj_pin(function.fd, staging)
+            os.replace(staging, os.path.join(bpf_dir, name))
+    except DatapathMismatch as err:
+        raise CNIError(ERR_KERNEL, str(err)) from None
+    switched = sorted(set(endpoints) | set(stale or ()))
+    if switched or os.path.isdir(os.path.join(bpf_dir, "links")):
         from cni.datapath.endpoint import switch_programs
 
-        switch_programs(bpf_dir, endpoints)
-    _pin_marker(bpf_dir)
+        switch_programs(bpf_dir, switched)
     log.info(
         "datapath compiled and pinned in %s (%.1f s, %d endpoints switched)",
         bpf_dir,
         time.monotonic() - started,
-        len(endpoints),
+        len(switched),
     )
     module.cleanup()
 
 
-def _pin_marker(bpf_dir: str) -> None:
-    """Record which source is pinned: an empty map named after its hash."""
+def _pin_markers(bpf_dir: str, settings: DatapathSettings) -> None:
+    """Record which source and layout are pinned: empty maps named after their hashes."""
     for name in os.listdir(bpf_dir):
-        if name.startswith("source_"):
+        if name.startswith(("source_", "layout_")):
             os.unlink(os.path.join(bpf_dir, name))
-    fd = bpf.map_create(bpf.MAP_TYPE_ARRAY, 4, 4, 1, name="sluice_source")
-    try:
-        bpf.obj_pin(fd, _marker(bpf_dir, source_hash(bpf_dir)))
-    finally:
-        os.close(fd)
+    for kind, digest in (
+        ("layout", layout_hash(settings)),
+        ("source", source_hash(bpf_dir, settings)),
+    ):
+        fd = bpf.map_create(bpf.MAP_TYPE_ARRAY, 4, 4, 1, name=f"sluice_{kind}")
+        try:
+            bpf.obj_pin(fd, _marker(bpf_dir, kind, digest))
+        finally:
+            os.close(fd)

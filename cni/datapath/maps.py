@@ -2,53 +2,75 @@
 
 Every map lives under the network's ``bpfDir``; the programs and every
 process that programs them (the plugin, sluicectl, the agent) share them.
+A map is checked when opened: a pinned map whose key or value size is not
+this build's (a datapath pinned by an older sluice) is refused with
+DatapathMismatch, never used with the wrong sizes.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from cni.datapath import bpf
 from cni.datapath.structs import (
     DIRECTIONS,
     REASONS,
+    SVC_CLUSTER_IP,
     Config,
     CTEntry,
     CTKey,
     Endpoint,
-    FragKey,
+    EpStats,
+    EventBudget,
     PolicyKey,
+    ip_be,
+    ip_str,
 )
 
-MAPS = (
-    "endpoints",
-    "peers",
-    "rules",
-    "conntrack",
-    "fragments",
-    "config",
-    "counters",
-    "event_budget",
-    "events",
-)
-PROGRAMS = ("from_pod", "to_pod")
-
-DEFAULT_CONFIG = Config(
-    ct_tcp_syn=60,
-    ct_tcp_established=8000,
-    ct_tcp_closing=10,
-    ct_udp=60,
-    ct_other=60,
-    events_per_second=100,
-    events_burst=200,
-)
+U32 = ctypes.sizeof(ctypes.c_uint32)
+# name -> (key size, value size, per-CPU value); the ring buffer has neither.
+MAP_LAYOUT = {
+    "endpoints": (U32, ctypes.sizeof(Endpoint)),
+    "ep_by_ip": (U32, U32),
+    "service_ips": (U32, U32),
+    "peers": (ctypes.sizeof(PolicyKey), U32),
+    "rules": (ctypes.sizeof(PolicyKey), U32),
+    "ct_tables": (U32, U32),
+    "ep_stats": (U32, ctypes.sizeof(EpStats)),
+    "config": (U32, ctypes.sizeof(Config)),
+    "counters": (U32, 8),
+    "event_budget": (U32, ctypes.sizeof(EventBudget)),
+}
+MAPS = (*MAP_LAYOUT, "events")
+PROGRAMS = ("from_pod", "to_pod", "uplink")
 
 
 class DatapathMissing(Exception):
     """Nothing (or not everything) is pinned under bpfDir."""
+
+
+class DatapathMismatch(DatapathMissing):
+    """What is pinned under bpfDir was built with other struct layouts."""
+
+
+@dataclass(frozen=True)
+class TableFill:
+    """One endpoint's conntrack table: live entries, capacity, and what the datapath
+    created and removed since attach (the LRU evicted the rest)."""
+
+    ifindex: int
+    entries: int
+    capacity: int
+    created: int
+    removed: int
+
+    @property
+    def evicted(self) -> int:
+        return max(0, self.created - self.removed - self.entries)
 
 
 class Datapath:
@@ -75,9 +97,21 @@ class Datapath:
     def fd(self, name: str) -> int:
         if name not in self._fds:
             try:
-                self._fds[name] = bpf.obj_get(self.path(name))
+                fd = bpf.obj_get(self.path(name))
             except bpf.BPFError as err:
                 raise DatapathMissing(str(err)) from None
+            expected = MAP_LAYOUT.get(name)
+            if expected is not None:
+                info = bpf.map_info(fd)
+                if (info.key_size, info.value_size) != expected:
+                    os.close(fd)
+                    raise DatapathMismatch(
+                        f'the map "{self.path(name)}" has key/value sizes '
+                        f"{info.key_size}/{info.value_size}, this sluice expects "
+                        f"{expected[0]}/{expected[1]}: it was pinned by another build "
+                        "(sluicectl datapath load --replace)"
+                    )
+            self._fds[name] = fd
         return self._fds[name]
 
     def is_loaded(self) -> bool:
@@ -88,14 +122,7 @@ class Datapath:
     def keys(
         self, name: str, key_type: type[ctypes.Structure] | type[ctypes._SimpleCData]
     ) -> Iterator[Any]:
-        fd = self.fd(name)
-        key = None
-        while True:
-            next_key = key_type()
-            if not bpf.map_next_key(fd, key, next_key):
-                return
-            yield next_key
-            key = next_key
+        yield from iterate(self.fd(name), key_type)
 
     # -- endpoints --------------------------------------------------------------
 
@@ -116,10 +143,30 @@ class Datapath:
     def set_endpoint(self, ifindex: int, endpoint: Endpoint) -> None:
         bpf.map_update(self.fd("endpoints"), ctypes.c_uint32(ifindex), endpoint)
 
-    def delete_endpoint(self, ifindex: int) -> None:
-        """Remove an endpoint and everything keyed by it."""
+    def set_endpoint_ips(self, ifindex: int, ips: Iterable[str]) -> None:
+        """Register the pod's addresses as its own (anti-spoofing, Services)."""
+        for ip in ips:
+            bpf.map_update(
+                self.fd("ep_by_ip"), ctypes.c_uint32(ip_be(ip)), ctypes.c_uint32(ifindex)
+            )
+
+    def endpoint_ips(self, ifindex: int | None = None) -> dict[str, int]:
+        """{pod address: ifindex}, of one endpoint or of all."""
+        found = {}
+        for key in self.keys("ep_by_ip", ctypes.c_uint32):
+            owner = ctypes.c_uint32()
+            if bpf.map_lookup(self.fd("ep_by_ip"), key, owner) and ifindex in (None, owner.value):
+                found[ip_str(key.value)] = owner.value
+        return found
+
+    def delete_endpoint(self, ifindex: int, table: bool = True) -> None:
+        """Remove an endpoint and everything keyed by it: its addresses, policy maps,
+        stats and (unless ``table`` is False: ``drop_ct_table`` later) its conntrack
+        table (one delete, whatever it holds)."""
         endpoint = self.endpoint(ifindex)
         bpf.map_delete(self.fd("endpoints"), ctypes.c_uint32(ifindex))
+        for ip in self.endpoint_ips(ifindex):
+            bpf.map_delete(self.fd("ep_by_ip"), ctypes.c_uint32(ip_be(ip)))
         generations = {0}
         if endpoint is not None:
             # The live generation, and the next one in case an install was cut short.
@@ -127,7 +174,14 @@ class Datapath:
         for gen in generations:
             for direction in DIRECTIONS:
                 self.delete_policy_maps(ifindex, gen, direction)
-        self.sweep_flows({ifindex})
+        bpf.map_delete(self.fd("ep_stats"), ctypes.c_uint32(ifindex))
+        if table:
+            self.drop_ct_table(ifindex)
+
+    def drop_ct_table(self, ifindex: int) -> None:
+        """Forget the endpoint's conntrack table (the kernel waits for an RCU grace
+        period, then frees it)."""
+        bpf.map_delete(self.fd("ct_tables"), ctypes.c_uint32(ifindex))
 
     # -- policy maps --------------------------------------------------------------
 
@@ -144,23 +198,84 @@ class Datapath:
             for k in self.keys(name, PolicyKey)
         }
 
-    # -- conntrack and fragments ------------------------------------------------------
+    # -- services ---------------------------------------------------------------------
 
-    def flows(self) -> list[tuple[CTKey, CTEntry]]:
-        found = []
-        for key in self.keys("conntrack", CTKey):
-            value = CTEntry()
-            if bpf.map_lookup(self.fd("conntrack"), key, value):
-                found.append((key, value))
-        return found
+    def set_service_ips(self, ips: Iterable[str]) -> None:
+        """Make ``ips`` the set of ClusterIPs. Safe while traffic flows: new addresses
+        are added before stale ones go, and one that stays is never absent."""
+        wanted = {ip_be(ip) for ip in ips}
+        fd = self.fd("service_ips")
+        for address in wanted:
+            bpf.map_update(fd, ctypes.c_uint32(address), ctypes.c_uint32(SVC_CLUSTER_IP))
+        for key in list(self.keys("service_ips", ctypes.c_uint32)):
+            if key.value not in wanted:
+                bpf.map_delete(fd, key)
 
-    def sweep_flows(self, ifindexes: set[int]) -> int:
-        """Delete conntrack and fragment entries of these endpoints."""
-        removed = 0
-        for name, key_type in (("conntrack", CTKey), ("fragments", FragKey)):
-            doomed = [k for k in self.keys(name, key_type) if k.ifindex in ifindexes]
-            removed += sum(bpf.map_delete(self.fd(name), k) for k in doomed)
-        return removed
+    def service_ips(self) -> set[str]:
+        return {ip_str(k.value) for k in self.keys("service_ips", ctypes.c_uint32)}
+
+    # -- conntrack ------------------------------------------------------------------------
+
+    def create_ct_table(self, ifindex: int, entries: int | None = None) -> None:
+        """A new, empty conntrack table for the endpoint (replacing any it had)."""
+        size = entries or self.config().ct_per_endpoint or 4096
+        fd = bpf.map_create(
+            bpf.MAP_TYPE_LRU_HASH, ctypes.sizeof(CTKey), ctypes.sizeof(CTEntry), size, 0, "sl_ct"
+        )
+        try:
+            bpf.map_update(self.fd("ct_tables"), ctypes.c_uint32(ifindex), ctypes.c_int(fd))
+        finally:
+            os.close(fd)
+        bpf.map_update(self.fd("ep_stats"), ctypes.c_uint32(ifindex), EpStats())
+
+    def ct_tables(self) -> list[int]:
+        """ifindexes that have a conntrack table."""
+        return [k.value for k in self.keys("ct_tables", ctypes.c_uint32)]
+
+    def open_ct_table(self, ifindex: int) -> int | None:
+        """An fd for the endpoint's conntrack table (the caller closes it)."""
+        map_id = ctypes.c_uint32()
+        if not bpf.map_lookup(self.fd("ct_tables"), ctypes.c_uint32(ifindex), map_id):
+            return None
+        return bpf.map_get_fd_by_id(map_id.value)
+
+    def flows(self, ifindex: int) -> list[tuple[CTKey, CTEntry]]:
+        """The entries of one endpoint's conntrack table (flows and fragments)."""
+        fd = self.open_ct_table(ifindex)
+        if fd is None:
+            return []
+        try:
+            found = []
+            for key in iterate(fd, CTKey):
+                value = CTEntry()
+                if bpf.map_lookup(fd, key, value):
+                    found.append((key, value))
+            return found
+        finally:
+            os.close(fd)
+
+    def sweep_flows(self, ifindexes: Iterable[int]) -> None:
+        """Forget every flow of these endpoints: each gets a fresh, empty table."""
+        for ifindex in ifindexes:
+            fd = self.open_ct_table(ifindex)
+            if fd is None:
+                continue
+            capacity = bpf.map_info(fd).max_entries
+            os.close(fd)
+            self.create_ct_table(ifindex, capacity)
+
+    def table_fill(self, ifindex: int) -> TableFill | None:
+        fd = self.open_ct_table(ifindex)
+        if fd is None:
+            return None
+        try:
+            capacity = bpf.map_info(fd).max_entries
+            entries = sum(1 for _ in iterate(fd, CTKey))
+        finally:
+            os.close(fd)
+        stats = EpStats()
+        bpf.map_lookup(self.fd("ep_stats"), ctypes.c_uint32(ifindex), stats)
+        return TableFill(ifindex, entries, capacity, stats.ct_created, stats.ct_removed)
 
     # -- config and counters --------------------------------------------------------------
 
@@ -188,3 +303,13 @@ class Datapath:
                 bpf.map_lookup(self.fd("counters"), key, values)
                 totals[dir_name][reason] = sum(values)
         return totals
+
+
+def iterate(fd: int, key_type: type[ctypes.Structure] | type[ctypes._SimpleCData]) -> Iterator[Any]:
+    key = None
+    while True:
+        next_key = key_type()
+        if not bpf.map_next_key(fd, key, next_key):
+            return
+        yield next_key
+        key = next_key

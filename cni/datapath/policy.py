@@ -30,6 +30,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from cni.datapath import bpf
+from cni.datapath.lock import state_lock
 from cni.datapath.maps import Datapath
 from cni.datapath.structs import (
     DIR_EGRESS,
@@ -62,7 +63,8 @@ class PolicyError(ValueError):
 
 @dataclass(frozen=True)
 class Ports:
-    """A protocol and destination ports: ``first`` 0 means any port."""
+    """A protocol and destination ports: ``first`` and ``last`` both 0 mean any port;
+    ``first`` alone one port; both a range (``first`` 0: the range 0..last)."""
 
     protocol: str = "tcp"
     first: int = 0
@@ -187,7 +189,7 @@ def _add_ports(compiled: CompiledDirection, set_id: int, ports: list[Ports]) -> 
         proto, (first, last) = port.proto, port.span
         if proto == 0:
             compiled.rules[(set_id, 0, 0)] = Rule(flags=RULE_ANY_PORT)
-        elif first == 0:
+        elif first == 0 and last == 0:
             compiled.rules[(set_id, proto, 0)] = Rule(flags=RULE_ANY_PORT)
         elif first == last:
             compiled.rules[(set_id, proto, first)] = Rule()
@@ -256,28 +258,33 @@ def _build_maps(compiled: CompiledDirection) -> tuple[int, int]:
 def install(datapath: Datapath, ifindex: int, policy: EndpointPolicy) -> int:
     """Make ``policy`` the endpoint's live policy; return its generation.
 
-    The caller serialises installs for one endpoint (the agent, or a lock).
+    Compiles first, then holds the datapath's state lock while it builds the
+    next generation, flips the endpoint to it and deletes the old one, so
+    installs, attach, detach and sweeps never interleave.
     """
-    current = datapath.endpoint(ifindex)
-    if current is None:
-        raise PolicyError(f"ifindex {ifindex} is not an endpoint")
-    old_gen = current.policy_gen
-    gen = (old_gen + 1) & 0xFFFFFFFF
     directions = {DIR_INGRESS: policy.ingress, DIR_EGRESS: policy.egress}
     compiled = {d: compile_direction(rules) for d, rules in directions.items() if rules is not None}
-    for direction, tables in compiled.items():
-        peer_fd, rule_fd = _build_maps(tables)
-        try:
-            key = PolicyKey(ifindex, gen, direction)
-            bpf.map_update(datapath.fd("peers"), key, ctypes.c_int(peer_fd))
-            bpf.map_update(datapath.fd("rules"), key, ctypes.c_int(rule_fd))
-        finally:
-            os.close(peer_fd)
-            os.close(rule_fd)
-    # The one write that switches the endpoint to the new generation.
-    datapath.set_endpoint(ifindex, Endpoint(ip=current.ip, policy_gen=gen, flags=policy.flags()))
-    for direction in (DIR_INGRESS, DIR_EGRESS):
-        datapath.delete_policy_maps(ifindex, old_gen, direction)
+    with state_lock(datapath.bpf_dir):
+        current = datapath.endpoint(ifindex)
+        if current is None:
+            raise PolicyError(f"ifindex {ifindex} is not an endpoint")
+        old_gen = current.policy_gen
+        gen = (old_gen + 1) & 0xFFFFFFFF
+        for direction, tables in compiled.items():
+            peer_fd, rule_fd = _build_maps(tables)
+            try:
+                key = PolicyKey(ifindex, gen, direction)
+                bpf.map_update(datapath.fd("peers"), key, ctypes.c_int(peer_fd))
+                bpf.map_update(datapath.fd("rules"), key, ctypes.c_int(rule_fd))
+            finally:
+                os.close(peer_fd)
+                os.close(rule_fd)
+        # The one write that switches the endpoint to the new generation.
+        datapath.set_endpoint(
+            ifindex, Endpoint(ip=current.ip, policy_gen=gen, flags=policy.flags())
+        )
+        for direction in (DIR_INGRESS, DIR_EGRESS):
+            datapath.delete_policy_maps(ifindex, old_gen, direction)
     return gen
 
 

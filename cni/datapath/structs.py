@@ -6,11 +6,15 @@ import ctypes
 import ipaddress
 import socket
 
+from cni.datapath.vocabulary import Direction, Reason
+
 u8, u16, u32, u64 = ctypes.c_uint8, ctypes.c_uint16, ctypes.c_uint32, ctypes.c_uint64
 
-DIR_EGRESS = 0
-DIR_INGRESS = 1
-DIRECTIONS = {DIR_EGRESS: "egress", DIR_INGRESS: "ingress"}
+DIR_EGRESS = int(Direction.EGRESS)
+DIR_INGRESS = int(Direction.INGRESS)
+DIRECTIONS = {int(d): d.label for d in Direction}
+# Counter and drop reasons, in the order of their values.
+REASONS = tuple(r.label for r in Reason)
 
 EP_ISOLATED_EGRESS = 1 << 0
 EP_ISOLATED_INGRESS = 1 << 1
@@ -19,24 +23,19 @@ EP_DENY_NODE = 1 << 2
 RULE_ANY_PORT = 1 << 0
 MAX_RANGES = 8
 
+CT_FLOW = 0
+CT_FRAG = 1
+
 CT_SEEN_REPLY = 1 << 0
 CT_FIN_ORIG = 1 << 1
 CT_FIN_REPLY = 1 << 2
 CT_RST = 1 << 3
 CT_FROM_NODE = 1 << 4
+CT_SERVICE = 1 << 5
+CT_POST_DNAT = 1 << 6
+CT_SELF = 1 << 7
 
-# Counter and drop reasons, in the order of SL_* in sluice.h.
-REASONS = (
-    "allowed",
-    "allowed-reply",
-    "denied-policy",
-    "drop-spoofed",
-    "drop-fragment",
-    "drop-malformed",
-    "drop-unsupported",
-    "drop-no-endpoint",
-    "drop-flow-cut",
-)
+SVC_CLUSTER_IP = 1 << 0
 
 
 def ip_be(address: str | ipaddress.IPv4Address) -> int:
@@ -90,9 +89,9 @@ class CTKey(ctypes.Structure):
         ("daddr", u32),
         ("sport", u16),
         ("dport", u16),
-        ("ifindex", u32),
         ("proto", u8),
-        ("pad", u8 * 3),
+        ("kind", u8),
+        ("pad", u8 * 2),
     ]
 
 
@@ -100,25 +99,17 @@ class CTEntry(ctypes.Structure):
     _fields_ = [
         ("last_seen", u64),
         ("policy_gen", u32),
-        ("dir", u32),
         ("flags", u32),
-        ("pad", u32),
-    ]
-
-
-class FragKey(ctypes.Structure):
-    _fields_ = [
-        ("saddr", u32),
-        ("daddr", u32),
-        ("ifindex", u32),
-        ("id", u16),
-        ("proto", u8),
+        ("dir", u8),
         ("pad", u8),
+        ("sport", u16),
+        ("dport", u16),
+        ("pad2", u16),
     ]
 
 
-class Frag(ctypes.Structure):
-    _fields_ = [("seen", u64)]
+class EpStats(ctypes.Structure):
+    _fields_ = [("ct_created", u64), ("ct_removed", u64)]
 
 
 class Config(ctypes.Structure):
@@ -128,8 +119,10 @@ class Config(ctypes.Structure):
         ("ct_tcp_closing", u32),
         ("ct_udp", u32),
         ("ct_other", u32),
+        ("ct_fragment", u32),
         ("events_per_second", u32),
         ("events_burst", u32),
+        ("ct_per_endpoint", u32),
         ("pad", u32),
     ]
 
@@ -165,8 +158,7 @@ MIRRORS = {
     "sl_rule": Rule,
     "sl_ct_key": CTKey,
     "sl_ct_entry": CTEntry,
-    "sl_frag_key": FragKey,
-    "sl_frag": Frag,
+    "sl_ep_stats": EpStats,
     "sl_config": Config,
     "sl_event": Event,
     "sl_event_budget": EventBudget,

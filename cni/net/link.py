@@ -104,11 +104,20 @@ def set_up(rtnl: Rtnl, index: int, name: str) -> None:
         rtnl.set_link(index, up=True)
 
 
-def default_route_mtu(rtnl: Rtnl) -> int | None:
-    """MTU of the interface carrying the node's default route, if there is one."""
+def default_route_link(rtnl: Rtnl) -> Link | None:
+    """The interface carrying the node's default route, if there is one."""
     try:
         oif = output_interface(rtnl, OUTSIDE_ADDRESS)
     except NetlinkError:  # no route to the outside
         return None
-    found = link_by_index(rtnl, oif) if oif else None
+    return link_by_index(rtnl, oif) if oif else None
+
+
+def default_route_mtu(rtnl: Rtnl) -> int | None:
+    found = default_route_link(rtnl)
     return found.mtu if found else None
+
+
+def default_route_interface(rtnl: Rtnl) -> str | None:
+    found = default_route_link(rtnl)
+    return found.name if found else None

@@ -77,7 +77,7 @@ def add(
             )
         remove_leftover_veth(node, conf, attachment)
         mtu = conf.mtu or link.default_route_mtu(node) or wiring.DEFAULT_MTU
-        ensure_datapath(conf.bpf_dir)
+        ensure_datapath(conf)
         stop()
         ipam_result, allocated = ipam.add(attachment)
         try:
@@ -114,15 +114,15 @@ def add(
     return chain(prev, ours)
 
 
-def ensure_datapath(bpf_dir: str) -> None:
+def ensure_datapath(conf: NetConf) -> None:
     """Compile and pin the datapath only if nothing is pinned yet ("policy": "off"
     without an agent); the compiler is not even imported otherwise."""
-    with Datapath(bpf_dir) as datapath:
+    with Datapath(conf.bpf_dir) as datapath:
         if datapath.is_loaded():
             return
     from cni.datapath import loader
 
-    loader.ensure_loaded(bpf_dir)
+    loader.ensure_loaded(conf.bpf_dir, conf.datapath)
 
 
 def route_spec(route: Route) -> RouteSpec:

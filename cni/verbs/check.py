@@ -98,7 +98,7 @@ def check_node(node: Rtnl, attachment: Attachment, ips: list[str], bpf_dir: str)
     for ip in ips:
         _require(ip in routed, f'the node has no route to {ip} via "{veth.name}"')
     if ips:
-        endpoint.check(node, veth.index, veth.name, ips[0], bpf_dir)
+        endpoint.check(node, veth.index, veth.name, ips, bpf_dir)
 
 
 def _require(ok: bool, details: str) -> None:

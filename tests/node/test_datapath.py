@@ -9,6 +9,8 @@ tests compare them before and after.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import threading
 import time
@@ -18,11 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from cni.datapath import loader
+from cni.datapath import bpf, loader, settings
 from cni.datapath import policy as P
 from cni.datapath.endpoint import link_path, pinned_programs
 from cni.datapath.events import follow
-from cni.datapath.maps import Datapath
+from cni.datapath.maps import Datapath, DatapathMismatch
+from cni.errors import CNIError
 from tests.support.cni_run import (
     SLUICECTL,
     TEST_BPF_DIR,
@@ -483,11 +486,11 @@ def test_del_leaves_no_stale_entries(network: Network, pods: PodNamespaces, dp: 
     _, ifindex = node_veth(result)
     P.install(dp, ifindex, P.EndpointPolicy(ingress=allow(rule("0.0.0.0/0"))))
     assert ping(peer_ns, result["ips"][0]["address"].split("/")[0])
-    assert any(k.ifindex == ifindex for k, _ in dp.flows())
+    assert dp.flows(ifindex)
     network.delete(netns, "x").ok()
     assert dp.endpoint(ifindex) is None
     assert not any(key[0] == ifindex for key in dp.policy_keys())
-    assert not any(k.ifindex == ifindex for k, _ in dp.flows())
+    assert ifindex not in dp.ct_tables() and ifindex not in dp.endpoint_ips().values()
     network.delete(peer_ns, "y").ok()
     assert peer["ips"]
 
@@ -501,7 +504,7 @@ def test_reload_keeps_maps_and_established_flows(trio: list[Pod], dp: Datapath) 
     with Server(b, tcp=(8080,)):
         connection = HeldConnection(a, b, 8080)
         endpoints = {i: (e.ip, e.policy_gen, e.flags) for i, e in dp.endpoints().items()}
-        flows = len(dp.flows())
+        flows = len(dp.flows(b.ifindex))
         assert loader.load(TEST_BPF_DIR, force=True)
         assert connection.finish() == "echo", "the established flow survived the reload"
         assert a.connects(b, 8080) and not a.connects(b, 8081)
@@ -513,7 +516,7 @@ def test_reload_keeps_maps_and_established_flows(trio: list[Pod], dp: Datapath) 
     ]
     assert not [n for n in pinned if n.endswith("_new")], "no staging pin is left"
     assert {i: (e.ip, e.policy_gen, e.flags) for i, e in dp.endpoints().items()} == endpoints
-    assert len(dp.flows()) >= flows
+    assert len(dp.flows(b.ifindex)) >= flows
 
 
 def test_reload_and_del_after_a_veth_vanished(
@@ -576,6 +579,10 @@ def test_sluicectl_datapath_views(trio: list[Pod], dp: Datapath) -> None:
     mine = {ep["ifindex"]: ep for ep in shown["endpoints"]}[b.ifindex]
     assert mine["ip"] == b.ip and mine["isolated"] == ["ingress"] and mine["veth"] == b.veth
     assert mine["attached"] == ["from_pod", "to_pod"] and shown["current"]
+    assert mine["ips"] == [b.ip] and mine["conntrack"]["max"] == 4096
+    assert {"entries", "created", "removed", "evicted"} <= set(mine["conntrack"])
+    table = sluicectl("datapath", "show", "--bpf-dir", TEST_BPF_DIR).stdout
+    assert "conntrack " in table and "evicted" in table
     counters = json.loads(
         sluicectl("datapath", "counters", "--bpf-dir", TEST_BPF_DIR, "-o", "json").stdout
     )
@@ -631,3 +638,39 @@ def test_compiling_ten_thousand_peers_is_fast() -> None:
     compiled = P.compile_direction(rules)
     assert time.monotonic() - started < 10
     assert len(compiled.peers) == 10000 and compiled.size == 20000
+
+
+# -- upgrades and settings ---------------------------------------------------------------------
+
+
+def test_a_datapath_of_another_layout_is_refused_then_replaced(tmp_path: Path) -> None:
+    """Maps pinned by an older build (here: an endpoints map with another value size and
+    no layout marker) are never reused with the wrong sizes."""
+    old = f"{TEST_BPF_DIR}-old"
+    os.makedirs(old)
+    try:
+        fd = bpf.map_create(bpf.MAP_TYPE_HASH, 4, 12, 16, name="endpoints")
+        try:
+            bpf.obj_pin(fd, os.path.join(old, "endpoints"))
+        finally:
+            os.close(fd)
+        with pytest.raises(CNIError, match="--replace"):
+            loader.load(old)
+        with pytest.raises(CNIError, match="layout"):
+            loader.ensure_loaded(old)
+        with pytest.raises(DatapathMismatch, match="12"), Datapath(old) as stale:
+            stale.fd("endpoints")
+        conf = tmp_path / "net.conflist"
+        plugin = {"type": "sluice", "bpfDir": old, "datapath": {"conntrackPerEndpoint": 512}}
+        conf.write_text(json.dumps({"cniVersion": "1.1.0", "name": "n", "plugins": [plugin]}))
+        loaded = sluicectl("datapath", "load", "--conf", conf, "--replace")
+        assert loaded.returncode == 0, loaded.stderr
+        assert loader.pinned_layout(old) == loader.layout_hash(settings.from_plugin(plugin))
+        with Datapath(old) as fresh:
+            assert fresh.config().ct_per_endpoint == 512 and fresh.endpoints() == {}
+        plugin["datapath"] = {"maxEndpoints": 1024}
+        conf.write_text(json.dumps({"cniVersion": "1.1.0", "name": "n", "plugins": [plugin]}))
+        refused = sluicectl("datapath", "load", "--conf", conf)
+        assert refused.returncode != 0 and "map sizes" in refused.stderr
+    finally:
+        shutil.rmtree(old, ignore_errors=True)

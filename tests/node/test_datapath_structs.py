@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 from cni.datapath import structs
+from cni.datapath.vocabulary import Direction, Reason
 
 HEADER = Path(__file__).resolve().parents[2] / "bpf" / "sluice.h"
 
@@ -57,3 +58,37 @@ def test_c_structs_match_python_mirrors(tmp_path: Path) -> None:
 def test_every_c_struct_has_a_mirror() -> None:
     declared = set(re.findall(r"^struct (sl_\w+) \{", HEADER.read_text(), re.M))
     assert declared == set(structs.MIRRORS)
+
+
+VOCABULARY = HEADER.parent / "vocabulary.h"
+
+
+def c_defines(path: Path) -> dict[str, int]:
+    return {
+        name: int(value)
+        for name, value in re.findall(r"^#define (SL_\w+)\s+(\d+)\b", path.read_text(), re.M)
+    }
+
+
+def test_directions_and_reasons_match_the_python_enums() -> None:
+    defines = c_defines(VOCABULARY)
+    directions = {
+        k.removeprefix("SL_DIR_"): v for k, v in defines.items() if k.startswith("SL_DIR_")
+    }
+    reasons = {
+        k.removeprefix("SL_"): v
+        for k, v in defines.items()
+        if not k.startswith("SL_DIR") and k != "SL_REASONS"
+    }
+    assert directions == {d.name: d.value for d in Direction}
+    assert reasons == {r.name: r.value for r in Reason}
+    assert defines["SL_DIRS"] == len(Direction) and defines["SL_REASONS"] == len(Reason)
+    assert tuple(r.label for r in sorted(Reason)) == structs.REASONS
+
+
+def test_every_c_macro_has_the_project_prefix() -> None:
+    for path in HEADER.parent.glob("*.[ch]"):
+        for name in re.findall(r"^#\s*define\s+(\w+)", path.read_text(), re.M):
+            assert name.startswith(("SL_", "__SL")) or name == "__SLUICE_H__", (
+                f"{path.name}: {name}"
+            )

@@ -13,6 +13,11 @@ netprobe.py big-udp IP PORT SIZE                 one datagram of SIZE bytes (fra
 netprobe.py options IP PORT                      UDP with an IPv4 option (ihl > 5)
 netprobe.py fragment SRC DST PORT                a lone non-first fragment (raw socket)
 netprobe.py arp SENDER TARGET                    an ARP request on eth0 claiming SENDER
+netprobe.py frame HEX [--vnet]                   a raw Ethernet frame on eth0 (--vnet: through
+                                                 a virtio-net header, so a frame of a page or
+                                                 more is built with only its Ethernet header
+                                                 in the skb's linear part)
+netprobe.py send-from SRC IP PORT [--count N]    UDP datagrams from the local address SRC
 """
 
 from __future__ import annotations
@@ -190,6 +195,27 @@ def arp(sender: str, target: str) -> int:
     return 0
 
 
+SOL_PACKET, PACKET_VNET_HDR = 263, 15
+
+
+def frame(data: bytes, vnet: bool) -> int:
+    with socket.socket(socket.AF_PACKET, socket.SOCK_RAW) as s:
+        if vnet:
+            s.setsockopt(SOL_PACKET, PACKET_VNET_HDR, 1)
+            data = bytes(10) + data  # struct virtio_net_hdr: no offload, no GSO
+        s.bind(("eth0", 0))
+        s.send(data)
+    return 0
+
+
+def send_from(src: str, ip: str, port: int, count: int) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind((src, 0))
+        for _ in range(count):
+            s.sendto(b"x", (ip, port))
+    return 0
+
+
 def main() -> int:
     args = sys.argv[1:]
     command = args.pop(0)
@@ -215,6 +241,10 @@ def main() -> int:
         return options(args[0], int(args[1]))
     if command == "arp":
         return arp(args[0], args[1])
+    if command == "frame":
+        return frame(bytes.fromhex(args[0]), "--vnet" in args)
+    if command == "send-from":
+        return send_from(args[0], args[1], int(args[2]), int(args[4]) if len(args) > 4 else 1)
     if command == "fragment":
         return fragment(args[0], args[1], int(args[2]))
     print(__doc__, file=sys.stderr)

@@ -1,0 +1,51 @@
+"""The datapath's vocabulary for Python: directions and reasons.
+
+bpf/vocabulary.h declares the same values for C; a test parses it and
+compares. A direction is always from the pod's point of view: EGRESS is
+what the pod sends (tcx ingress of its node-side veth), INGRESS what it
+receives (tcx egress of the node-side veth).
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class Direction(IntEnum):
+    EGRESS = 0  # from the pod: tcx ingress of the node-side veth
+    INGRESS = 1  # to the pod: tcx egress of the node-side veth
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+class Reason(IntEnum):
+    """Why a packet passed or was dropped; counters and events name these."""
+
+    ALLOWED = 0
+    ALLOWED_REPLY = 1
+    DENIED_POLICY = 2
+    DROP_SPOOFED = 3
+    DROP_FRAGMENT = 4
+    DROP_MALFORMED = 5
+    DROP_UNSUPPORTED = 6
+    DROP_NO_ENDPOINT = 7
+    DROP_FLOW_CUT = 8
+    ALLOWED_RELATED = 9
+    DROP_ICMP_ERROR = 10
+    DEFERRED_SERVICE = 11
+
+    @property
+    def label(self) -> str:
+        """The name counters and events use: ``drop-spoofed``."""
+        return self.name.lower().replace("_", "-")
+
+    @property
+    def passes(self) -> bool:
+        return self in PASSING
+
+
+PASSING = frozenset(
+    {Reason.ALLOWED, Reason.ALLOWED_REPLY, Reason.ALLOWED_RELATED, Reason.DEFERRED_SERVICE}
+)
