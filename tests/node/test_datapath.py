@@ -22,7 +22,7 @@ import pytest
 
 from cni.datapath import bpf, loader, settings
 from cni.datapath import policy as P
-from cni.datapath.endpoint import link_path, pinned_programs
+from cni.datapath.endpoint import HOOKS, link_path, pinned_programs
 from cni.datapath.events import follow
 from cni.datapath.maps import Datapath, DatapathMismatch
 from cni.errors import CNIError
@@ -482,17 +482,26 @@ def test_a_new_policy_cuts_flows_it_denies(trio: list[Pod], dp: Datapath) -> Non
 def test_del_leaves_no_stale_entries(network: Network, pods: PodNamespaces, dp: Datapath) -> None:
     netns, peer_ns = pods.new(), pods.new()
     result = network.add(netns, "x")
-    peer = network.add(peer_ns, "y")
+    network.add(peer_ns, "y")
     _, ifindex = node_veth(result)
     P.install(dp, ifindex, P.EndpointPolicy(ingress=allow(rule("0.0.0.0/0"))))
     assert ping(peer_ns, result["ips"][0]["address"].split("/")[0])
+
+    def entries() -> dict[str, bool]:
+        """Each kind of state the endpoint has in the datapath: present or not."""
+        return {
+            "endpoint": dp.endpoint(ifindex) is not None,
+            "policy maps": any(key[0] == ifindex for key in dp.policy_keys()),
+            "conntrack table": ifindex in dp.ct_tables(),
+            "address": ifindex in dp.endpoint_ips().values(),
+            "links": any(Path(link_path(TEST_BPF_DIR, ifindex, p)).exists() for p in HOOKS),
+        }
+
     assert dp.flows(ifindex)
+    assert all(entries().values()), entries()  # so the check below is not vacuous
     network.delete(netns, "x").ok()
-    assert dp.endpoint(ifindex) is None
-    assert not any(key[0] == ifindex for key in dp.policy_keys())
-    assert ifindex not in dp.ct_tables() and ifindex not in dp.endpoint_ips().values()
+    assert not any(entries().values()), entries()
     network.delete(peer_ns, "y").ok()
-    assert peer["ips"]
 
 
 def test_reload_keeps_maps_and_established_flows(trio: list[Pod], dp: Datapath) -> None:
