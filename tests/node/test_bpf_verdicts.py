@@ -21,9 +21,8 @@ from cni.datapath import bpf, loader
 from cni.datapath import policy as P
 from cni.datapath.maps import Datapath
 from cni.datapath.structs import CT_POST_DNAT, CT_SERVICE, CTEntry, CTKey, Endpoint, ip_be
-from tests.node.conftest import SESSION_TAG
 from tests.support import packets as pk
-from tests.support.cni_run import TEST_BPF_DIR
+from tests.support.cni_run import SESSION_TAG, TEST_BPF_DIR
 
 PASS, DROP = -1, 2
 A_IP, A_IP2, B_IP, C_IP = "10.77.0.2", "10.77.0.3", "10.77.0.4", "10.77.0.5"

@@ -14,7 +14,7 @@ import pytest
 from cni import wiring
 from cni.datapath import endpoint
 from cni.datapath.maps import Datapath
-from cni.net.netlink import IPRoute
+from cni.net.netlink import Rtnl
 from tests.node.test_datapath import PROBE, PYTHON, Pod, Server
 from tests.support import packets as pk
 from tests.support.cni_run import TEST_BPF_DIR, Network, PodNamespaces, in_netns, node_veth
@@ -153,7 +153,7 @@ def test_del_deletes_the_veth_before_it_unpins_the_filter(
         detach(index, bpf_dir)
 
     monkeypatch.setattr(endpoint, "detach", spy)
-    with IPRoute() as node:
+    with Rtnl() as node:
         attachment = wiring.Attachment(network.name, "order", "eth0")
         wiring.unwire(node, attachment, TEST_BPF_DIR)
     assert seen == [False], "the veth was gone when its links were unpinned"

@@ -23,10 +23,16 @@ import pytest
 from cni.datapath import endpoint
 from cni.datapath import policy as P
 from cni.datapath.maps import Datapath
-from cni.net.netlink import IPRoute
-from tests.node.conftest import SESSION_TAG
+from cni.net.netlink import Rtnl
 from tests.node.test_datapath import PROBE, PYTHON, HeldConnection, Pod, Server
-from tests.support.cni_run import TEST_BPF_DIR, Network, PodNamespaces, in_netns, node_veth
+from tests.support.cni_run import (
+    SESSION_TAG,
+    TEST_BPF_DIR,
+    Network,
+    PodNamespaces,
+    in_netns,
+    node_veth,
+)
 
 MARK = "0x4000/0x4000"
 
@@ -217,11 +223,11 @@ def remote(pods: PodNamespaces) -> Iterator[Remote]:
             ["ip", "route", "add", "default", "via", node_side],
         ):
             in_netns(netns, *command, check=True)
-        with IPRoute() as ipr:
+        with Rtnl() as ipr:
             endpoint.attach_uplink(ipr, name, TEST_BPF_DIR)
         yield Remote(netns, name, backend)
     finally:
-        with IPRoute() as ipr, contextlib.suppress(OSError):
+        with Rtnl() as ipr, contextlib.suppress(OSError):
             endpoint.detach_uplink(ipr, name, TEST_BPF_DIR)
         subprocess.run(["ip", "link", "del", name], check=False, capture_output=True)
 
