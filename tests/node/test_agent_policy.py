@@ -10,6 +10,7 @@ matrix by pod address, and removes them again.
 
 from __future__ import annotations
 
+import random
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -26,8 +27,16 @@ from tests.support.agent import (
     namespace,
     pod_object,
     policy,
+    service,
 )
-from tests.support.cni_run import TEST_NETNS_PREFIX, PodNamespaces, in_netns, sluicectl
+from tests.support.cni_run import (
+    SESSION_TAG,
+    TEST_NETNS_PREFIX,
+    PodNamespaces,
+    in_netns,
+    sluicectl,
+)
+from tests.support.kube_proxy import KubeProxy
 
 
 @pytest.fixture(scope="module")
@@ -65,10 +74,17 @@ def apply(cluster: PolicyCluster) -> Iterator[Any]:
         cluster.net.apply(*cluster.base_objects())
 
 
-def check(cluster: PolicyCluster, allowed: Any, port: int = 80, protocol: str = "tcp") -> None:
-    got = cluster.probe(port, protocol)
+def check(
+    cluster: PolicyCluster,
+    allowed: Any,
+    port: int = 80,
+    protocol: str = "tcp",
+    via: dict[str, str] | None = None,
+) -> None:
+    got = cluster.probe(port, protocol, via=via)
     wrong = differences(got, expect(cluster, allowed))
-    assert not wrong, f"{port}/{protocol}:\n" + "\n".join(wrong)
+    where = "through ClusterIPs" if via else "by pod address"
+    assert not wrong, f"{port}/{protocol} {where}:\n" + "\n".join(wrong)
 
 
 def ns_of(key: str) -> str:
@@ -563,3 +579,106 @@ def test_probes_ran_in_pod_namespaces(cluster: PolicyCluster) -> None:
     pod = cluster.pods["y/c"]
     out = in_netns(pod.netns, "ip", "-4", "-o", "addr", "show", "eth0").stdout
     assert pod.ip in out
+
+
+# -- the same through Services (kube-proxy's DNAT on the path, as in the e2e suite) ----------
+
+
+@pytest.fixture(scope="module")
+def cluster_ips(cluster: PolicyCluster) -> Iterator[dict[str, str]]:
+    """A Service per pod (ClusterIP:80 to the pod's port 80) in kube-proxy's iptables
+    shape, and known to the agent (which tells the datapath its ClusterIPs)."""
+    prefix = f"10.{random.randint(96, 99)}.{random.randint(0, 255)}"
+    proxy = KubeProxy(f"{SESSION_TAG}{random.randint(0, 0xFFF):03x}".upper())
+    addresses, documents = {}, []
+    try:
+        proxy.setup()
+        for i, (key, pod) in enumerate(sorted(cluster.pods.items())):
+            addresses[key] = f"{prefix}.{10 + i}"
+            proxy.service(f"S{i}", addresses[key], [(pod.ip, 80)])
+            documents.append(
+                service(pod.namespace, f"svc-{pod.name}", addresses[key], pod=pod.name)
+            )
+        cluster.net.apply(*documents)
+        yield addresses
+    finally:
+        if documents:
+            cluster.net.delete_objects(*documents)
+        proxy.cleanup()
+
+
+def test_through_cluster_ips_without_policy(
+    cluster: PolicyCluster, cluster_ips: dict[str, str]
+) -> None:
+    check(cluster, lambda s, t: True, via=cluster_ips)
+
+
+def test_through_cluster_ips_default_deny_ingress(
+    cluster: PolicyCluster, cluster_ips: dict[str, str], apply: Any
+) -> None:
+    apply(policy("x", "deny-all", podSelector={}, policyTypes=["Ingress"]))
+    check(cluster, lambda s, t: ns_of(t) != "x", via=cluster_ips)
+
+
+def test_through_cluster_ips_egress_is_judged_on_the_backend(
+    cluster: PolicyCluster, cluster_ips: dict[str, str], apply: Any
+) -> None:
+    apply(
+        policy(
+            "x",
+            "to-y",
+            podSelector={"matchLabels": {"pod": "a"}},
+            policyTypes=["Egress"],
+            egress=[{"to": [{"namespaceSelector": {"matchLabels": {"ns": "y"}}}]}],
+        )
+    )
+    check(cluster, lambda s, t: s != "x/a" or ns_of(t) == "y", via=cluster_ips)
+
+
+def test_through_cluster_ips_egress_port_is_the_target_port(
+    cluster: PolicyCluster, cluster_ips: dict[str, str], apply: Any
+) -> None:
+    # The Services listen on 80 and forward to the pods' port 80: a rule for the
+    # pods' port 81 does not open them, one for serve-80-tcp does.
+    def to_z_on(port: object) -> dict[str, Any]:
+        return policy(
+            "x",
+            "to-z",
+            podSelector={"matchLabels": {"pod": "a"}},
+            policyTypes=["Egress"],
+            egress=[
+                {
+                    "to": [{"namespaceSelector": {"matchLabels": {"ns": "z"}}}],
+                    "ports": [{"port": port}],
+                }
+            ],
+        )
+
+    apply(to_z_on(81))
+    check(cluster, lambda s, t: s != "x/a", via=cluster_ips)
+    apply(to_z_on("serve-80-tcp"))
+    check(cluster, lambda s, t: s != "x/a" or ns_of(t) == "z", via=cluster_ips)
+
+
+def test_through_cluster_ips_both_selectors(
+    cluster: PolicyCluster, cluster_ips: dict[str, str], apply: Any
+) -> None:
+    apply(
+        policy(
+            "x",
+            "from-y-b",
+            podSelector={"matchLabels": {"pod": "a"}},
+            policyTypes=["Ingress"],
+            ingress=[
+                {
+                    "from": [
+                        {
+                            "namespaceSelector": {"matchLabels": {"ns": "y"}},
+                            "podSelector": {"matchLabels": {"pod": "b"}},
+                        }
+                    ]
+                }
+            ],
+        )
+    )
+    check(cluster, lambda s, t: t != "x/a" or s == "y/b", via=cluster_ips)

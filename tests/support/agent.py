@@ -264,11 +264,13 @@ class PolicyCluster:
         port: int = 80,
         protocol: str = "tcp",
         sources: Iterable[str] | None = None,
+        via: dict[str, str] | None = None,
     ) -> Matrix:
-        """Who reaches whom (by pod IP) on one port: {(from, to): reached}."""
+        """Who reaches whom on one port: {(from, to): reached}; by pod address, or by the
+        addresses in ``via`` (a Service's ClusterIP for each pod)."""
         keys = list(self.pods)
         sources = list(sources or keys)
-        targets = [(self.pods[k].ip, port, protocol) for k in keys]
+        targets = [((via or {}).get(k) or self.pods[k].ip, port, protocol) for k in keys]
         with ThreadPoolExecutor(max_workers=len(sources)) as pool:
             results = dict(
                 zip(
@@ -290,3 +292,16 @@ def differences(got: Matrix, wanted: Matrix) -> list[str]:
         for (s, t) in sorted(wanted)
         if (s, t) in got and got[(s, t)] != wanted[(s, t)]
     ]
+
+
+def service(ns: str, name: str, cluster_ip: str, **selector: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "clusterIP": cluster_ip,
+            "selector": selector,
+            "ports": [{"port": 80, "targetPort": 80, "protocol": "TCP"}],
+        },
+    }
