@@ -24,6 +24,8 @@ OBJ_GET = 7
 PROG_TEST_RUN = 10
 MAP_GET_FD_BY_ID = 14
 OBJ_GET_INFO_BY_FD = 15
+MAP_UPDATE_BATCH = 26
+MAP_DELETE_BATCH = 27
 LINK_CREATE = 28
 LINK_UPDATE = 29
 
@@ -77,6 +79,20 @@ class _MapElem(ctypes.Structure):
         ("value", ctypes.c_uint64),  # next_key for MAP_GET_NEXT_KEY
         ("flags", ctypes.c_uint64),
         ("padding", ctypes.c_uint8 * 96),
+    ]
+
+
+class _Batch(ctypes.Structure):
+    _fields_ = [
+        ("in_batch", ctypes.c_uint64),
+        ("out_batch", ctypes.c_uint64),
+        ("keys", ctypes.c_uint64),
+        ("values", ctypes.c_uint64),
+        ("count", ctypes.c_uint32),
+        ("map_fd", ctypes.c_uint32),
+        ("elem_flags", ctypes.c_uint64),
+        ("flags", ctypes.c_uint64),
+        ("padding", ctypes.c_uint8 * 80),
     ]
 
 
@@ -288,6 +304,40 @@ def _elem(
 
 def map_update(fd: int, key: ctypes._CData, value: ctypes._CData, flags: int = ANY) -> None:
     _bpf(MAP_UPDATE_ELEM, _elem(fd, key, value, flags), "failed to update map element")
+
+
+def map_update_batch(fd: int, keys: ctypes.Array, values: ctypes.Array) -> None:  # type: ignore[type-arg]
+    """Update ``len(keys)`` elements in one call. For a map of maps the kernel waits
+    for one RCU grace period for the whole batch, not one per element."""
+    if not len(keys):
+        return
+    attr = _Batch(
+        keys=ctypes.addressof(keys),
+        values=ctypes.addressof(values),
+        count=len(keys),
+        map_fd=fd,
+    )
+    _bpf(MAP_UPDATE_BATCH, attr, f"failed to update {len(keys)} map elements")
+
+
+def map_delete_batch(fd: int, keys: ctypes.Array) -> int:  # type: ignore[type-arg]
+    """Delete the elements of ``keys`` that exist, in one call; return how many went."""
+    deleted = 0
+    remaining = list(keys)
+    key_type = type(keys)._type_
+    while remaining:
+        array = (key_type * len(remaining))(*remaining)
+        attr = _Batch(keys=ctypes.addressof(array), count=len(remaining), map_fd=fd)
+        try:
+            _bpf(MAP_DELETE_BATCH, attr, f"failed to delete {len(remaining)} map elements")
+            return deleted + len(remaining)
+        except BPFError as err:
+            if err.errno != errno.ENOENT:
+                raise
+            # The batch stops at the first absent key: skip it and go on.
+            deleted += attr.count
+            remaining = remaining[attr.count + 1 :]
+    return deleted
 
 
 def map_lookup(fd: int, key: ctypes._CData, value: ctypes._CData) -> bool:
