@@ -26,6 +26,8 @@ from cni.agent.state import AgentState, EndpointRecord
 from cni.datapath import endpoint, loader
 from cni.datapath.maps import Datapath
 from cni.errors import CNIError
+from cni.k8s.api import Api
+from cni.k8s.source import KubernetesSource
 from cni.net import link
 from cni.net.netlink import node_socket
 from cni.netconf import NetConf
@@ -59,10 +61,19 @@ def setup_logging(debug: bool) -> None:
 
 
 class Agent:
-    def __init__(self, conf: NetConf, node_name: str, metrics_address: str | None = None) -> None:
+    def __init__(
+        self,
+        conf: NetConf,
+        node_name: str,
+        metrics_address: str | None = None,
+        kubeconfig: str | None = None,
+        in_cluster: bool = False,
+    ) -> None:
         self.conf = conf
         self.node_name = node_name
         self.metrics_address = metrics_address
+        self.kubeconfig = kubeconfig
+        self.from_api = bool(kubeconfig) or in_cluster  # else: the local manifest store
         self.stopped = threading.Event()
 
     def run(self) -> None:
@@ -87,10 +98,19 @@ class Agent:
         self.metrics = metrics.Metrics(conf, self.datapath)
         self.enforcer = Enforcer(self.datapath, self.state, self.node_name, self.metrics.observe)
         self.enforcer.start(self._adopt_endpoints())
-        self.local_store = LocalStore(self.state, self.enforcer)
-        self.local_store.load()
-        self.enforcer.mark_ready()
-        self.handlers = Handlers(conf, self.enforcer, self.local_store, self.metrics)
+        self.local_store: LocalStore | None = None
+        self.api_source: KubernetesSource | None = None
+        if self.from_api:
+            # Ready once every collection has synced (the source marks it).
+            self.api_source = KubernetesSource(Api(self.kubeconfig), self.enforcer)
+            self.api_source.start()
+        else:
+            self.local_store = LocalStore(self.state, self.enforcer)
+            self.local_store.load()
+            self.enforcer.mark_ready()
+        self.handlers = Handlers(
+            conf, self.enforcer, self.local_store, self.metrics, self.api_source
+        )
         self.server = AgentServer(conf.agent_socket, self.handlers.handle)
         self._serving = threading.Thread(
             target=self.server.serve_forever, name="server", daemon=True
@@ -103,6 +123,8 @@ class Agent:
     def stop(self) -> None:
         log.info("agent stopping")
         self.server.close()
+        if self.api_source is not None:
+            self.api_source.stop()
         self.enforcer.stop()
         self.metrics.close()
         self.state.close()

@@ -72,6 +72,10 @@ class Enforcer:
         self._wake = threading.Condition(self.lock)
         self._ready = threading.Event()
         self._service_ips: frozenset[str] | None = None
+        # A source that knows every pod (the API): a pod it does not know yet is not
+        # wired, since its labels, and so its policy, are unknown.
+        self.require_known_pods = False
+        self._pods_known = threading.Condition(self.lock)
         self._stopping = False
         self._worker: threading.Thread | None = None
 
@@ -132,6 +136,7 @@ class Enforcer:
                 if isinstance(obj, Pod):
                     self.source_pods[obj.key] = obj
                     affected |= self._index_pod(obj.key)
+                    self._pods_known.notify_all()
                 else:
                     affected |= self.index.upsert(obj)
             keys = self._endpoints_of(affected)
@@ -156,6 +161,8 @@ class Enforcer:
         """A new endpoint, before its veth is up: remember it and install its policy
         now; queue the endpoints whose peers it changes. Returns its generation."""
         self.wait_ready(wait)
+        if self.require_known_pods and record.pod is not None:
+            self._wait_known(record.pod, wait)
         self.state.put_endpoint(record)
         with self.lock:
             old = self.endpoints.get(record.key)
@@ -169,6 +176,11 @@ class Enforcer:
                 affected = self._index_pod(record.pod)
             self._queue(self._endpoints_of(affected) - {record.key})
         return self._enforce(record.key)
+
+    def _wait_known(self, pod: PodKey, wait: float) -> None:
+        with self.lock:
+            if not self._pods_known.wait_for(lambda: pod in self.source_pods, timeout=wait):
+                raise NotReady(f"the agent does not know pod {pod[0]}/{pod[1]} yet")
 
     def endpoint_gone(self, key: EndpointKey) -> None:
         """DEL or GC removed the endpoint: forget it; its pod's addresses go from the

@@ -41,12 +41,18 @@ READY_WAIT = 30.0  # an ADD waits this long for the sources to sync
 
 class Handlers:
     def __init__(
-        self, conf: NetConf, enforcer: Enforcer, local_store: LocalStore, metrics: Any
+        self,
+        conf: NetConf,
+        enforcer: Enforcer,
+        local_store: LocalStore | None,
+        metrics: Any,
+        api_source: Any = None,
     ) -> None:
         self.conf = conf
         self.enforcer = enforcer
         self.local_store = local_store
         self.metrics = metrics
+        self.api_source = api_source
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._locks_guard = threading.Lock()
 
@@ -178,17 +184,23 @@ class Handlers:
 
     def status(self, request: dict[str, Any]) -> dict[str, Any]:
         ready = self.enforcer.ready
+        source = "the Kubernetes API" if self.api_source else "the local manifest store"
+        waiting = self.api_source.unsynced() if self.api_source else []
         return {
             "ready": ready,
-            "reason": None if ready else "the policy sources have not synced yet",
+            "reason": None if ready else f"not synced yet: {', '.join(waiting) or 'starting'}",
             "summary": f"network {self.conf.network}, {len(self.enforcer.endpoints)} endpoints, "
-            f"{'ready' if ready else 'syncing'}",
+            f"objects from {source}, {'ready' if ready else 'syncing'}",
         }
 
     def apply(self, request: dict[str, Any]) -> dict[str, Any]:
+        if self.local_store is None:
+            return {"error": "this agent takes its objects from the Kubernetes API"}
         return self._change(request, self.local_store.apply)
 
     def delete(self, request: dict[str, Any]) -> dict[str, Any]:
+        if self.local_store is None:
+            return {"error": "this agent takes its objects from the Kubernetes API"}
         return self._change(request, self.local_store.delete)
 
     def _change(self, request: dict[str, Any], change: Any) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 
 import click
@@ -22,15 +23,30 @@ from cni.cli.common import conf_option, load_conflist, netconf_of
     metavar="HOST:PORT",
     help="Serve Prometheus metrics here (off by default).",
 )
+@click.option(
+    "--kubeconfig",
+    default=None,
+    help="Take Namespaces, Pods, Services and NetworkPolicies from this cluster "
+    "(in a pod: its service account, without this option).",
+)
 @click.option("--debug", is_flag=True, help="Log every policy install.")
 def agent(
-    conf_path: str | None, node_name: str | None, metrics_address: str | None, debug: bool
+    conf_path: str | None,
+    node_name: str | None,
+    metrics_address: str | None,
+    kubeconfig: str | None,
+    debug: bool,
 ) -> None:
     """Run the node agent for the network in --conf: serve the plugin's CNI calls on
-    the network's agentSocket, and compute and install every pod's policy (from the
-    objects given with `sluicectl apply`). Stops cleanly on SIGTERM."""
+    the network's agentSocket, and compute and install every pod's policy, from the
+    Kubernetes API (--kubeconfig, or in a pod) or from the objects given with
+    `sluicectl apply`. Stops cleanly on SIGTERM."""
     from cni.agent.daemon import Agent, setup_logging
 
     setup_logging(debug)
     conf = netconf_of(load_conflist(conf_path))
-    Agent(conf, node_name or socket.gethostname(), metrics_address).run()
+    in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and os.path.exists(
+        "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    )
+    name = node_name or os.environ.get("NODE_NAME") or socket.gethostname()
+    Agent(conf, name, metrics_address, kubeconfig, in_cluster).run()

@@ -23,8 +23,8 @@ LAYERS: list[list[str]] = [
     ["cni.netconf", "cni.call"],
     ["cni.delegate", "cni.policy"],
     ["cni.wiring", "cni.ipam_client"],
-    ["cni.verbs"],
-    ["cni.agent", "cni.k8s"],
+    ["cni.verbs", "cni.k8s"],
+    ["cni.agent"],
     ["cni.main"],
     ["cni.cli", "cni.ipam_plugin"],
 ]

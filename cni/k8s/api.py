@@ -1,0 +1,142 @@
+"""The Kubernetes API as the agent and the controller use it: lists and watches of
+raw JSON (no typed models, so nothing is built that would be thrown away at
+once), and the few writes the controller makes.
+
+Connection settings (server, TLS, credentials) come from lightkube: a
+kubeconfig file, or the pod's service account when run in a cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx2 as httpx
+from lightkube.config.client_adapter import Client as configured_client
+from lightkube.config.client_adapter import ConnectionParams
+from lightkube.config.kubeconfig import KubeConfig
+
+log = logging.getLogger("sluice.k8s")
+
+WATCH_SECONDS = 300  # the server ends a watch after this; it is resumed where it stopped
+
+
+class ApiError(Exception):
+    """The API server refused a request or could not be reached."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status}: {message}" if status else message)
+        self.status = status
+
+
+class Gone(ApiError):
+    """410: the resourceVersion to resume from is too old; list again."""
+
+
+@dataclass(frozen=True)
+class Listed:
+    items: list[dict[str, Any]]
+    resource_version: str
+
+
+class Api:
+    def __init__(self, kubeconfig: str | None = None) -> None:
+        config = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()
+        self.client = configured_client(
+            config.get(), ConnectionParams(timeout=httpx.Timeout(30, read=WATCH_SECONDS + 30))
+        )
+
+    def close(self) -> None:
+        self.client.close()
+
+    # -- reading -------------------------------------------------------------------------
+
+    def list(self, path: str, **params: str) -> Listed:
+        """Every object of a collection, paged (``limit``/``continue``)."""
+        items: list[dict[str, Any]] = []
+        query = {"limit": "500", **params}
+        while True:
+            body = self._json("GET", path, params=query)
+            items.extend(body.get("items") or [])
+            meta = body.get("metadata") or {}
+            if not meta.get("continue"):
+                return Listed(items, str(meta.get("resourceVersion", "")))
+            query["continue"] = meta["continue"]
+
+    def watch(
+        self, path: str, resource_version: str, **params: str
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        """(type, object) events after ``resource_version``, until the server ends the
+        watch. BOOKMARK events carry only a newer resourceVersion. Raises Gone."""
+        query = {
+            "watch": "1",
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(WATCH_SECONDS),
+            **params,
+        }
+        try:
+            with self.client.stream("GET", path, params=query) as response:
+                if response.status_code != 200:
+                    response.read()
+                    raise _error(response)
+                for line in response.iter_lines():
+                    if not line:
+                        continue
+                    event = json.loads(line)
+                    kind, obj = event.get("type"), event.get("object") or {}
+                    if kind == "ERROR":
+                        status = int(obj.get("code") or 0)
+                        message = str(obj.get("message", "watch error"))
+                        raise Gone(status, message) if status == 410 else ApiError(status, message)
+                    yield str(kind), obj
+        except httpx.HTTPError as err:
+            raise ApiError(0, f"watch of {path} failed: {err}") from None
+
+    def get(self, path: str) -> dict[str, Any] | None:
+        """One object, or None when it does not exist."""
+        try:
+            return self._json("GET", path)
+        except ApiError as err:
+            if err.status == 404:
+                return None
+            raise
+
+    # -- writing -------------------------------------------------------------------------
+
+    def create(self, path: str, obj: dict[str, Any]) -> dict[str, Any]:
+        return self._json("POST", path, json=obj)
+
+    def replace(self, path: str, obj: dict[str, Any]) -> dict[str, Any]:
+        """PUT; ApiError 409 when the object changed since it was read."""
+        return self._json("PUT", path, json=obj)
+
+    def delete(self, path: str) -> None:
+        try:
+            self._json("DELETE", path)
+        except ApiError as err:
+            if err.status != 404:
+                raise
+
+    def _json(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        try:
+            response = self.client.request(method, path, **kwargs)
+        except httpx.HTTPError as err:
+            raise ApiError(0, f"{method} {path} failed: {err}") from None
+        if response.status_code >= 300:
+            raise _error(response)
+        return dict(response.json()) if response.content else {}
+
+
+def _error(response: httpx.Response) -> ApiError:
+    try:
+        message = str(response.json().get("message", response.text))
+    except ValueError:
+        message = response.text
+    cls = Gone if response.status_code == 410 else ApiError
+    return cls(
+        response.status_code, f"{response.request.method} {response.request.url.path}: {message}"
+    )
