@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import sys
-import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -27,10 +26,10 @@ def execute(
         return 0, render(run_verb(request))
     except CNIError as err:
         if err.code == ERR_INTERNAL or env.get("SLUICE_DEBUG"):
-            traceback.print_exc(file=sys.stderr)
+            _print_traceback()
         return 1, render(err.to_json(err.cni_version or reply_version))
     except Exception as err:  # a bug: report it in the protocol, keep the trace on stderr
-        traceback.print_exc(file=sys.stderr)
+        _print_traceback()
         internal = CNIError(ERR_INTERNAL, f"unexpected error: {err!r}")
         return 1, render(internal.to_json(reply_version))
 
@@ -39,3 +38,9 @@ def render(payload: dict[str, Any] | None) -> str:
     if payload is None:
         return ""
     return json.dumps(payload, indent=2) + "\n"
+
+
+def _print_traceback() -> None:
+    import traceback  # only on failure: it pulls in textwrap and more
+
+    traceback.print_exc(file=sys.stderr)

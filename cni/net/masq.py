@@ -14,11 +14,10 @@ inside clusterCIDR and keeps its source address.
 from __future__ import annotations
 
 import ipaddress
-import shutil
-import subprocess
 from collections.abc import Iterable
 
 from cni.errors import ERR_KERNEL, CNIError
+from cni.net import nftables
 
 TABLE_PREFIX = "sluice_"
 SET = "pods"
@@ -30,23 +29,21 @@ def table_name(network: str) -> str:
     return f"{TABLE_PREFIX}{network}"
 
 
-def nft_binary() -> str | None:
-    return shutil.which("nft") or shutil.which("nft", path="/usr/sbin:/sbin")
-
-
-def _nft(script: str, what: str) -> subprocess.CompletedProcess[str]:
-    nft = nft_binary()
-    if nft is None:
-        raise CNIError(ERR_KERNEL, f"failed to {what}: the nft command is not installed")
-    return subprocess.run(
-        [nft, "-f", "-"], input=script, capture_output=True, text=True, check=False
-    )
+def _nft(script: str, what: str) -> int:
+    try:
+        rc, _ = nftables.run(script)
+    except FileNotFoundError as err:
+        raise CNIError(ERR_KERNEL, f"failed to {what}: {err}") from None
+    return rc
 
 
 def _apply(script: str, what: str) -> None:
-    proc = _nft(script, what)
-    if proc.returncode != 0:
-        raise CNIError(ERR_KERNEL, f"failed to {what}: {proc.stderr.strip()}")
+    try:
+        rc, error = nftables.run(script)
+    except FileNotFoundError as err:
+        raise CNIError(ERR_KERNEL, f"failed to {what}: {err}") from None
+    if rc != 0:
+        raise CNIError(ERR_KERNEL, f"failed to {what}: {error}")
 
 
 def _setup(network: str, cluster: ipaddress.IPv4Network) -> str:
@@ -79,15 +76,16 @@ def remove(network: str, ips: Iterable[str]) -> None:
     if not ips:
         return
     table = table_name(network)
-    proc = _nft(f"delete element ip {table} {SET} {{ {', '.join(ips)} }}\n", "remove masquerading")
-    if proc.returncode != 0 and len(ips) > 1:
+    rc = _nft(f"delete element ip {table} {SET} {{ {', '.join(ips)} }}\n", "remove masquerading")
+    if rc != 0 and len(ips) > 1:
         for ip in ips:
             _nft(f"delete element ip {table} {SET} {{ {ip} }}\n", "remove masquerading")
 
 
 def contains(network: str, ip: str) -> bool:
-    proc = _nft(f"get element ip {table_name(network)} {SET} {{ {ip} }}\n", "read masquerading")
-    return proc.returncode == 0
+    return (
+        _nft(f"get element ip {table_name(network)} {SET} {{ {ip} }}\n", "read masquerading") == 0
+    )
 
 
 def replace(network: str, cluster: ipaddress.IPv4Network | None, ips: Iterable[str]) -> None:

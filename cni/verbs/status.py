@@ -11,7 +11,7 @@ import importlib.util
 from cni import ipam_client
 from cni.datapath.maps import Datapath
 from cni.errors import ERR_NOT_AVAILABLE, CNIError
-from cni.net import masq
+from cni.net import nftables
 from cni.netconf import NetConf
 from cni.protocol import Request
 from cni.verbs import agent_required, load_conf
@@ -25,8 +25,10 @@ def run(request: Request) -> None:
 
 
 def status(conf: NetConf) -> None:
-    if conf.ip_masq and masq.nft_binary() is None:
-        raise CNIError(ERR_NOT_AVAILABLE, '"ipMasq" is on but the nft command is not installed')
+    if conf.ip_masq and not nftables.available():
+        raise CNIError(
+            ERR_NOT_AVAILABLE, '"ipMasq" is on but neither libnftables nor nft is installed'
+        )
     if not datapath_available(conf.bpf_dir):
         raise CNIError(
             ERR_NOT_AVAILABLE,

@@ -1,0 +1,76 @@
+"""Running nftables scripts: in-process through libnftables (the library the nft
+command is built on), or by running nft where the library is missing.
+
+A plugin call that masquerades a pod would otherwise fork and exec nft, which
+costs more than the rest of its kernel work together.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import shutil
+import subprocess
+import threading
+
+LIBRARY = "libnftables.so.1"
+
+
+class _Library:
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        lib.nft_ctx_new.restype = ctypes.c_void_p
+        lib.nft_ctx_new.argtypes = [ctypes.c_uint32]
+        lib.nft_ctx_buffer_output.argtypes = [ctypes.c_void_p]
+        lib.nft_ctx_buffer_error.argtypes = [ctypes.c_void_p]
+        lib.nft_run_cmd_from_buffer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+        lib.nft_ctx_get_error_buffer.restype = ctypes.c_char_p
+        lib.nft_ctx_get_error_buffer.argtypes = [ctypes.c_void_p]
+        self.lib = lib
+        self.ctx = lib.nft_ctx_new(0)
+        lib.nft_ctx_buffer_output(self.ctx)
+        lib.nft_ctx_buffer_error(self.ctx)
+        self.lock = threading.Lock()  # one context, used by one thread at a time
+
+    def run(self, script: str) -> tuple[int, str]:
+        with self.lock:
+            rc = self.lib.nft_run_cmd_from_buffer(self.ctx, script.encode())
+            error = self.lib.nft_ctx_get_error_buffer(self.ctx) or b""
+        return (0 if rc == 0 else 1), error.decode(errors="replace").strip()
+
+
+_library: _Library | None = None
+_looked = False
+
+
+def _load() -> _Library | None:
+    global _library, _looked
+    if not _looked:
+        _looked = True
+        name = ctypes.util.find_library("nftables") or LIBRARY
+        try:
+            _library = _Library(ctypes.CDLL(name))
+        except (OSError, AttributeError):
+            _library = None
+    return _library
+
+
+def nft_binary() -> str | None:
+    return shutil.which("nft") or shutil.which("nft", path="/usr/sbin:/sbin")
+
+
+def available() -> bool:
+    return _load() is not None or nft_binary() is not None
+
+
+def run(script: str) -> tuple[int, str]:
+    """(0 or 1, the error text); FileNotFoundError when neither way exists."""
+    library = _load()
+    if library is not None:
+        return library.run(script)
+    nft = nft_binary()
+    if nft is None:
+        raise FileNotFoundError("neither libnftables nor the nft command is installed")
+    proc = subprocess.run(
+        [nft, "-f", "-"], input=script, capture_output=True, text=True, check=False
+    )
+    return proc.returncode, proc.stderr.strip()
