@@ -151,7 +151,6 @@ class ClusterState:
     containerd_base: str
     host: host.HostSnapshot
     processes: dict[str, ProcessRecord] = field(default_factory=dict)
-    etcd_tmpfs: bool = False
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -161,7 +160,8 @@ class ClusterState:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ClusterState:
-        data = dict(data)
+        # Tolerate keys written by other versions of this harness.
+        data = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         data["host"] = host.HostSnapshot.from_json(data["host"])
         data["processes"] = {
             k: ProcessRecord.from_json(v) for k, v in data.get("processes", {}).items()
@@ -291,7 +291,9 @@ class Cluster:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.down()
+        leftovers = self.down()
+        if leftovers and exc is None:
+            raise ClusterError(f"cluster {self.name} left behind: {leftovers}")
 
     # --- clients --------------------------------------------------------------------
 
@@ -505,7 +507,6 @@ class Cluster:
             check=True,
             capture_output=True,
         )
-        self.state.etcd_tmpfs = True
         self._start("etcd", components.etcd_argv(layout))
         url = f"http://127.0.0.1:{layout.ports.etcd_client}/health"
         self._wait(lambda: b'"health":"true"' in _http_get(url), "etcd healthy")

@@ -71,6 +71,7 @@ def run_e2e(
         f"--report-dir={report_dir}",
         f"--ginkgo.focus={focus}",
         "--ginkgo.no-color",
+        "--ginkgo.silence-skips",
         *([f"--ginkgo.skip={skip}"] if skip else []),
         *extra_args,
     ]
