@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from tests.k8s import build, e2e
-from tests.k8s.cluster import Cluster, ClusterError, sluice_agent_argv
+from tests.k8s.cluster import Cluster, sluice_agent_argv
 
 
 def _cluster(args: argparse.Namespace) -> Cluster:
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
             print(tally.summary())
             return 0 if not tally.failed else 1
-    except (build.BuildFailed, ClusterError, TimeoutError) as exc:
+    except (RuntimeError, TimeoutError) as exc:  # BuildFailed, ClusterError, e2e errors
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -573,11 +573,12 @@ class Cluster:
             return
         self._start("sluice-agent", list(self.agent_argv(self)))
         # Ready when the plugin can serve an ADD (with "enforce" that needs the agent).
-        self._wait(
-            lambda: self.sluicectl("status", check=False).returncode == 0,
-            "sluicectl status to report the node ready (agent up)",
-            timeout=120,
-        )
+        self._wait(self.sluice_ready, "sluicectl status to report the node ready", 120)
+
+    def sluice_ready(self) -> bool:
+        """`sluicectl status`: an ADD can be served now (with "enforce": the agent is up)."""
+        status = self.sluicectl("status", f"--bin-dir={self.cni_bin_dir}", check=False)
+        return status.returncode == 0
 
     def _start_kubelet(self, layout: ClusterLayout) -> None:
         layout.kubelet_dir.mkdir()

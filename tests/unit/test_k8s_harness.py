@@ -94,7 +94,7 @@ JUNIT = """<?xml version="1.0" encoding="UTF-8"?>
   <testcase name="[It] [sig-network] Netpol NetworkPolicy should deny ingress">
     <failure message="Had 7 wrong results">...</failure>
   </testcase>
-  <testcase name="[It] [sig-network] Netpol NetworkPolicy should work with SCTP">
+  <testcase name="[It] [sig-network] Netpol [Feature:SCTPConnectivity] NetworkPolicy with SCTP">
     <skipped message="skipped"/>
   </testcase>
   <testcase name="[It] [sig-storage] something else"><skipped message="skipped"/></testcase>
