@@ -428,8 +428,16 @@ class PrivateContainerd:
         cni_conf_dir: Path,
         sandbox_image: str,
         start_timeout: float = 20.0,
+        base: Path | None = None,
     ) -> None:
-        self.base = Path(tempfile.mkdtemp(prefix="sluice-ctrd-"))
+        # A caller-chosen ``base`` (named ``sluice-ctrd-*``: its name is also the
+        # cgroup parent) lets another process clean up after a crash with ``close``.
+        if base is None:
+            base = Path(tempfile.mkdtemp(prefix="sluice-ctrd-"))
+        elif not base.name.startswith("sluice-ctrd-"):
+            raise ValueError(f"containerd base {base} must be named sluice-ctrd-*")
+        base.mkdir(parents=True, exist_ok=True)
+        self.base = base
         self.root = self.base / "root"
         self.state = self.base / "state"
         self.socket = self.base / "containerd.sock"
@@ -584,6 +592,11 @@ state = "{self.state}"
     @property
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        """The daemon's pid while it runs (shims are separate processes)."""
+        return self._proc.pid if self.running and self._proc is not None else None
 
     def stop_runs(self) -> None:
         """Stop every ``ctr run`` started here, letting ctr send its CNI DEL."""

@@ -14,6 +14,7 @@ import io
 import json
 import platform
 import tarfile
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,8 +118,8 @@ def _symlink(name: str, target: str) -> tarfile.TarInfo:
     return info
 
 
-def _layer(busybox: bytes) -> bytes:
-    """The single rootfs layer: busybox, its applet links and a minimal /etc."""
+def _layer(busybox: bytes, extra_files: Mapping[str, Path]) -> bytes:
+    """The single rootfs layer: busybox, its applet links, a minimal /etc and extras."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for d in ("bin", "dev", "etc", "proc", "root", "sys", "usr", "usr/bin", "var"):
@@ -132,16 +133,21 @@ def _layer(busybox: bytes) -> bytes:
         _tar_add(tar, _symlink("usr/sbin", "../bin"))
         _tar_add(tar, _file("etc/passwd"), b"root:x:0:0:root:/root:/bin/sh\n")
         _tar_add(tar, _file("etc/group"), b"root:x:0:\n")
+        for name, source in sorted(extra_files.items()):
+            _tar_add(tar, _file(name.lstrip("/"), 0o755), source.read_bytes())
     return buf.getvalue()
 
 
-def _config(layer: _Blob, arch: str) -> bytes:
+def _config(layer: _Blob, arch: str, entrypoint: Sequence[str] | None, cmd: Sequence[str]) -> bytes:
+    config: dict[str, object] = {"Cmd": list(cmd), "Env": [PATH_ENV], "WorkingDir": "/"}
+    if entrypoint is not None:
+        config["Entrypoint"] = list(entrypoint)
     return _canonical_json(
         {
             "architecture": arch,
             "os": "linux",
             "created": "1970-01-01T00:00:00Z",
-            "config": {"Cmd": DEFAULT_CMD, "Env": [PATH_ENV], "WorkingDir": "/"},
+            "config": config,
             # An uncompressed layer's diff_id is its own digest.
             "rootfs": {"type": "layers", "diff_ids": [layer.digest]},
         }
@@ -160,8 +166,19 @@ def _layout_tar(dest: Path, blobs: list[_Blob], index: bytes) -> None:
     tmp.replace(dest)  # atomic, so a half-written tar is never imported
 
 
-def build_busybox_image(dest_tar: Path, name: str) -> Path:
+def build_busybox_image(
+    dest_tar: Path,
+    name: str,
+    *,
+    extra_files: Mapping[str, Path] | None = None,
+    entrypoint: Sequence[str] | None = None,
+    cmd: Sequence[str] = DEFAULT_CMD,
+) -> Path:
     """Write an OCI image-layout tar for image ``name`` (a full reference) to ``dest_tar``.
+
+    ``extra_files`` maps absolute paths in the image to host files added as
+    executables (e.g. ``{"/agnhost": Path(...)}``); ``entrypoint`` and ``cmd`` go
+    into the image config.
 
     ``name`` must be fully qualified (e.g. ``localhost/sluice-test/busybox:1``):
     ``ctr images import`` keeps such a ``org.opencontainers.image.ref.name`` as is,
@@ -171,8 +188,8 @@ def build_busybox_image(dest_tar: Path, name: str) -> Path:
     if dest_tar.exists():
         return dest_tar
     arch = _GOARCH.get(platform.machine(), platform.machine())
-    layer = _Blob(MT_LAYER, _layer(BUSYBOX.read_bytes()))
-    config = _Blob(MT_CONFIG, _config(layer, arch))
+    layer = _Blob(MT_LAYER, _layer(BUSYBOX.read_bytes(), extra_files or {}))
+    config = _Blob(MT_CONFIG, _config(layer, arch, entrypoint, cmd))
     manifest = _Blob(
         MT_MANIFEST,
         _canonical_json(

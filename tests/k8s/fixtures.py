@@ -1,0 +1,53 @@
+"""pytest fixtures for tests that need a real Kubernetes (marker ``k8s``).
+
+Pull them into a test module with ``from tests.k8s.fixtures import *`` names or
+``pytest_plugins = ["tests.k8s.fixtures"]``:
+
+* ``k8s_cluster`` (session): a ``Cluster`` named ``pytest`` with sluice in policy
+  ``off`` mode. A state left by a crashed earlier run is torn down first; at the end
+  of the session the cluster goes down and must leave nothing behind. It skips when
+  the Kubernetes cache is not built (``make k8s-build``; ``make test`` builds it).
+* ``k8s_namespace`` (function): a fresh namespace, deleted afterwards
+  (``Cluster.fresh_namespace()`` is the same as a context manager, for wider scopes).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.k8s.cache import K8sCache
+from tests.k8s.cluster import Cluster
+
+CLUSTER_NAME = "pytest"
+KEEP_LOGS_ENV = "SLUICE_K8S_KEEP_LOGS"  # copy the components' logs here at teardown
+
+
+@pytest.fixture(scope="session")
+def k8s_cluster() -> Iterator[Cluster]:
+    cache = K8sCache.default()
+    missing = cache.missing()
+    if missing:
+        pytest.skip(
+            f"Kubernetes cache {cache.root} is not built ({missing[0].name} missing): "
+            "run `make k8s-build`"
+        )
+    keep_logs = os.environ.get(KEEP_LOGS_ENV)
+    cluster = Cluster(CLUSTER_NAME, cache=cache, keep_logs=Path(keep_logs) if keep_logs else None)
+    if cluster.is_up():
+        cluster.down()  # what a crashed or interrupted earlier session left
+    cluster.up()
+    try:
+        yield cluster
+    finally:
+        leftovers = cluster.down()
+        assert not leftovers, f"cluster {CLUSTER_NAME} left behind: {leftovers}"
+
+
+@pytest.fixture
+def k8s_namespace(k8s_cluster: Cluster) -> Iterator[str]:
+    with k8s_cluster.fresh_namespace() as name:
+        yield name
