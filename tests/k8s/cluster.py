@@ -101,6 +101,8 @@ def sluice_agent_argv(cluster: Cluster) -> list[str]:
         str(cluster.sluice_conf),
         "--kubeconfig",
         str(cluster.kubeconfig_for("sluice-agent")),
+        "--node-name",
+        node_name(),
     ]
 
 

@@ -3,10 +3,11 @@
 Pull them into a test module with ``from tests.k8s.fixtures import *`` names or
 ``pytest_plugins = ["tests.k8s.fixtures"]``:
 
-* ``k8s_cluster`` (session): a ``Cluster`` named ``pytest`` with sluice in policy
-  ``off`` mode. A state left by a crashed earlier run is torn down first; at the end
-  of the session the cluster goes down and must leave nothing behind. It skips when
-  the Kubernetes cache is not built (``make k8s-build``; ``make test`` builds it).
+* ``k8s_cluster`` (session): a ``Cluster`` named ``pytest`` with sluice enforcing
+  policy, its node agent watching the cluster's API. A state left by a crashed
+  earlier run is torn down first; at the end of the session the cluster goes down
+  and must leave nothing behind. Without the Kubernetes cache it fails where Go is
+  installed (``make test`` builds the cache first) and skips only where it is not.
 * ``k8s_namespace`` (function): a fresh namespace, deleted afterwards
   (``Cluster.fresh_namespace()`` is the same as a context manager, for wider scopes).
 """
@@ -14,13 +15,14 @@ Pull them into a test module with ``from tests.k8s.fixtures import *`` names or
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.k8s.cache import K8sCache
-from tests.k8s.cluster import Cluster
+from tests.k8s.cluster import Cluster, sluice_agent_argv
 
 CLUSTER_NAME = "pytest"
 KEEP_LOGS_ENV = "SLUICE_K8S_KEEP_LOGS"  # copy the components' logs here at teardown
@@ -31,12 +33,21 @@ def k8s_cluster() -> Iterator[Cluster]:
     cache = K8sCache.default()
     missing = cache.missing()
     if missing:
-        pytest.skip(
+        message = (
             f"Kubernetes cache {cache.root} is not built ({missing[0].name} missing): "
             "run `make k8s-build`"
         )
+        if shutil.which("go"):
+            pytest.fail(message)
+        pytest.skip(message)
     keep_logs = os.environ.get(KEEP_LOGS_ENV)
-    cluster = Cluster(CLUSTER_NAME, cache=cache, keep_logs=Path(keep_logs) if keep_logs else None)
+    cluster = Cluster(
+        CLUSTER_NAME,
+        cache=cache,
+        keep_logs=Path(keep_logs) if keep_logs else None,
+        agent_argv=sluice_agent_argv,
+        install_args=["--policy=enforce"],
+    )
     if cluster.is_up():
         cluster.down()  # what a crashed or interrupted earlier session left
     cluster.up()

@@ -23,6 +23,7 @@ import pytest
 
 from tests.k8s.cache import AGNHOST_IMAGE
 from tests.k8s.cluster import Cluster, ClusterError
+from tests.k8s.e2e import NETPOL_SKIP, run_netpol
 
 pytest_plugins = ["tests.k8s.fixtures"]
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
@@ -283,3 +284,24 @@ def test_deleting_pods_leaves_no_conntrack_entries(deleted_pods: DeletedPods) ->
         pytest.xfail(
             f"sluice's DEL leaves the kernel's conntrack entries of the pod's address: {entries}"
         )
+
+
+# Kubernetes' own NetworkPolicy e2e specs, a fast subset (`make e2e` runs them all).
+E2E_SUBSET = (
+    "should support allow-all policy",
+    "should support a 'default-deny-ingress' policy",
+    "should allow ingress access on one named port",
+    "should enforce policy to allow traffic only from a different namespace, based on "
+    "NamespaceSelector",
+    "should allow egress access to server in CIDR block",
+)
+
+
+def test_networkpolicy_e2e_subset(k8s_cluster: Cluster) -> None:
+    focus = (
+        r"\[sig-network\] Netpol NetworkPolicy between server and client ("
+        + "|".join(re.escape(spec) for spec in E2E_SUBSET)
+        + ")"
+    )
+    tally = run_netpol(k8s_cluster, focus=focus, skip=rf"{NETPOL_SKIP}|using UDP|using SCTP")
+    assert not tally.failed and len(tally.passed) == len(E2E_SUBSET), tally.summary()
