@@ -1,4 +1,4 @@
-"""The one error the policy package raises for bad input."""
+"""The errors of the policy package: bad input, and a policy not computable yet."""
 
 from __future__ import annotations
 
@@ -35,3 +35,8 @@ class PolicyInputError(ValueError):
     def within(self, context: str) -> PolicyInputError:
         """The same error, with where the object was found (``document 2``) in front."""
         return PolicyInputError(f"{context}: {self.obj}", self.path, self._given, self.problem)
+
+
+class PolicyIncomplete(LookupError):
+    """A pod's policy cannot be computed yet: the resolver lacks part of its inputs (a
+    controller's published objects not all received). Whoever enforces keeps what it has."""

@@ -72,6 +72,9 @@ class Pod:
     node_name: str = ""
     ports: tuple[ContainerPort, ...] = ()
     host_network: bool = False
+    # The API's uid ("" from a manifest): tells a pod from an earlier one of the same name,
+    # which the controller's per-node targets (cni/k8s) must not be mistaken for.
+    uid: str = ""
 
     @property
     def key(self) -> PodKey:

@@ -291,6 +291,7 @@ def parse_pod(obj: Mapping[str, Any]) -> Pod:
         node_name=sys.intern(reader.string(spec.get("nodeName") or "", "spec.nodeName")),
         ports=_container_ports(reader, spec),
         host_network=reader.boolean(spec.get("hostNetwork"), "spec.hostNetwork"),
+        uid=str(obj["metadata"].get("uid") or ""),
     )
 
 

@@ -100,8 +100,20 @@ class PolicyIndex:
     cached until an update names them.
     """
 
-    def __init__(self, node_name: str | None = None) -> None:
+    def __init__(
+        self,
+        node_name: str | None = None,
+        *,
+        local: bool = True,
+        on_groups_changed: Callable[[set[PodGroup]], None] | None = None,
+    ) -> None:
         self.node_name = node_name
+        # False: no pod is local. The controller keeps its groups up to date and
+        # publishes them; it resolves no pod itself.
+        self.local = local
+        # Told every group a pod or namespace update changed (members, or their
+        # addresses or ports), so that a publisher knows what to write again.
+        self.on_groups_changed = on_groups_changed
         self.store = ObjectStore()
         self.groups = PodGroups(self.store)
         self._local: set[PodKey] = set()
@@ -113,7 +125,7 @@ class PolicyIndex:
     # Reading.
 
     def is_local(self, pod: Pod) -> bool:
-        return not pod.host_network and self.node_name in (None, pod.node_name)
+        return self.local and not pod.host_network and self.node_name in (None, pod.node_name)
 
     def local_pods(self) -> frozenset[PodKey]:
         return frozenset(self._local)
@@ -274,9 +286,11 @@ class PolicyIndex:
     def _local_targets(self, policy: NetworkPolicy) -> set[PodKey]:
         return self._local & self.groups.members(target_group(policy))
 
-    def _users_of(self, changed: Iterable[PodGroup]) -> set[PodKey]:
+    def _users_of(self, changed: set[PodGroup]) -> set[PodKey]:
         """Local pods selected by policies that read a changed group; those
         policies are compiled again when next needed."""
+        if changed and self.on_groups_changed is not None:
+            self.on_groups_changed(changed)
         affected: set[PodKey] = set()
         for group in changed:
             for key in self.groups.peer_users(group):
@@ -337,6 +351,12 @@ class PolicyIndex:
 
     # Resolving.
 
+    def incomplete(self, key: PodKey) -> str | None:
+        """Why the pod's policy cannot be computed yet, or None. Never anything here:
+        this index holds every input itself (see ``cni.k8s.shard_index`` for one that
+        does not)."""
+        return None
+
     def resolve(self, key: PodKey) -> ResolvedPolicy:
         """The pod's EndpointPolicy with provenance. KeyError for an unknown pod."""
         cached = self._resolved.get(key)
@@ -351,33 +371,56 @@ class PolicyIndex:
         return resolved
 
     def _resolve(self, pod: Pod) -> ResolvedPolicy:
-        selecting = self.selecting_policies(pod)
-        ingress, ingress_origins, ingress_policies = self._direction(pod, selecting, "ingress")
-        egress, egress_origins, egress_policies = self._direction(pod, selecting, "egress")
-        return ResolvedPolicy(
-            pod=pod.key,
-            endpoint=EndpointPolicy(ingress=ingress, egress=egress),
-            ingress_origins=ingress_origins,
-            egress_origins=egress_origins,
-            ingress_policies=ingress_policies,
-            egress_policies=egress_policies,
+        return resolve_pod(
+            pod, self.selecting_policies(pod), self.store.policies.__getitem__, self.compiled
         )
 
-    def _direction(
-        self, pod: Pod, selecting: list[PolicyKey], direction: Direction
-    ) -> tuple[tuple[AllowRule, ...] | None, tuple[RuleOrigin, ...], tuple[PolicyKey, ...]]:
-        """(rules or None when not isolated, their origins, the isolating policies)."""
-        isolating = tuple(key for key in selecting if self.store.policies[key].isolates(direction))
-        if not isolating:
-            return None, (), ()
-        rules: list[AllowRule] = []
-        origins: list[RuleOrigin] = []
-        for policy_key in isolating:
-            for compiled in self.compiled(policy_key).rules(direction) or ():
-                allows = compiled.for_target(pod)
-                rules.extend(allows)
-                origins.extend([compiled.origin] * len(allows))
-        return tuple(rules), tuple(origins), isolating
+
+def resolve_pod(
+    pod: Pod,
+    selecting: Iterable[PolicyKey],
+    policy_of: Callable[[PolicyKey], NetworkPolicy],
+    compiled_of: Callable[[PolicyKey], CompiledPolicy],
+) -> ResolvedPolicy:
+    """A pod's policy from the policies that select it (in key order) and their compiled
+    rules: the one place that says how policies combine, whoever compiled them (this
+    index, or an agent from a controller's published groups)."""
+    selecting = list(selecting)
+    ingress, ingress_origins, ingress_policies = _direction(
+        pod, selecting, policy_of, compiled_of, "ingress"
+    )
+    egress, egress_origins, egress_policies = _direction(
+        pod, selecting, policy_of, compiled_of, "egress"
+    )
+    return ResolvedPolicy(
+        pod=pod.key,
+        endpoint=EndpointPolicy(ingress=ingress, egress=egress),
+        ingress_origins=ingress_origins,
+        egress_origins=egress_origins,
+        ingress_policies=ingress_policies,
+        egress_policies=egress_policies,
+    )
+
+
+def _direction(
+    pod: Pod,
+    selecting: list[PolicyKey],
+    policy_of: Callable[[PolicyKey], NetworkPolicy],
+    compiled_of: Callable[[PolicyKey], CompiledPolicy],
+    direction: Direction,
+) -> tuple[tuple[AllowRule, ...] | None, tuple[RuleOrigin, ...], tuple[PolicyKey, ...]]:
+    """(rules or None when not isolated, their origins, the isolating policies)."""
+    isolating = tuple(key for key in selecting if policy_of(key).isolates(direction))
+    if not isolating:
+        return None, (), ()
+    rules: list[AllowRule] = []
+    origins: list[RuleOrigin] = []
+    for policy_key in isolating:
+        for compiled in compiled_of(policy_key).rules(direction) or ():
+            allows = compiled.for_target(pod)
+            rules.extend(allows)
+            origins.extend([compiled.origin] * len(allows))
+    return tuple(rules), tuple(origins), isolating
 
 
 def _target_groups(policy: NetworkPolicy) -> set[PodGroup]:

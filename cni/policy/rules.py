@@ -163,7 +163,7 @@ def _rule_peers(
     return blocks
 
 
-def _needs_all_pods(direction: Direction, rule: PolicyRule) -> bool:
+def needs_all_pods(direction: Direction, rule: PolicyRule) -> bool:
     """An egress named port towards an ipBlock or any peer is looked up on every pod."""
     return (
         direction == "egress"
@@ -183,7 +183,7 @@ def peer_groups(policy: NetworkPolicy) -> set[PodGroup]:
                 group = peer_group(policy.namespace, peer)
                 if group is not None:
                     groups.add(group)
-            if _needs_all_pods(direction, rule):
+            if needs_all_pods(direction, rule):
                 groups.add(ALL_PODS)
     return groups
 
