@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +49,16 @@ class Api:
         self.client = configured_client(
             config.get(), ConnectionParams(timeout=httpx.Timeout(30, read=WATCH_SECONDS + 30))
         )
+        # What the server sent: JSON bytes (decoded) and bytes on the wire (compressed,
+        # when the server compresses a large list). For the scale figures.
+        self.received_bytes = 0
+        self.wire_bytes = 0
+        self._counting = threading.Lock()
+
+    def _count(self, received: int, wire: int) -> None:
+        with self._counting:
+            self.received_bytes += received
+            self.wire_bytes += wire
 
     def close(self) -> None:
         self.client.close()
@@ -83,7 +94,11 @@ class Api:
                 if response.status_code != 200:
                     response.read()
                     raise _error(response)
+                downloaded = 0
                 for line in response.iter_lines():
+                    wire = response.num_bytes_downloaded
+                    self._count(len(line) + 1, wire - downloaded)
+                    downloaded = wire
                     if not line:
                         continue
                     event = json.loads(line)
@@ -114,6 +129,15 @@ class Api:
         """PUT; ApiError 409 when the object changed since it was read."""
         return self._json("PUT", path, json=obj)
 
+    def patch(self, path: str, patch: dict[str, Any]) -> dict[str, Any]:
+        """A JSON merge patch (RFC 7386): keys with null values are removed."""
+        return self._json(
+            "PATCH",
+            path,
+            content=json.dumps(patch),
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
+
     def delete(self, path: str) -> None:
         try:
             self._json("DELETE", path)
@@ -126,6 +150,7 @@ class Api:
             response = self.client.request(method, path, **kwargs)
         except httpx.HTTPError as err:
             raise ApiError(0, f"{method} {path} failed: {err}") from None
+        self._count(len(response.content), response.num_bytes_downloaded)
         if response.status_code >= 300:
             raise _error(response)
         return dict(response.json()) if response.content else {}
