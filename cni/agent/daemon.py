@@ -27,7 +27,9 @@ from cni.datapath import endpoint, loader
 from cni.datapath.maps import Datapath
 from cni.errors import CNIError
 from cni.k8s.api import Api
-from cni.k8s.source import KubernetesSource
+from cni.k8s.shard_index import ShardIndex
+from cni.k8s.shard_source import controller_collections
+from cni.k8s.source import COLLECTIONS, KubernetesSource
 from cni.net import link
 from cni.net.netlink import node_socket
 from cni.netconf import NetConf
@@ -68,12 +70,15 @@ class Agent:
         metrics_address: str | None = None,
         kubeconfig: str | None = None,
         in_cluster: bool = False,
+        resolver: str = "agent",
     ) -> None:
         self.conf = conf
         self.node_name = node_name
         self.metrics_address = metrics_address
         self.kubeconfig = kubeconfig
         self.from_api = bool(kubeconfig) or in_cluster  # else: the local manifest store
+        # "agent": resolve every policy here; "controller": from sluicectl controller's objects.
+        self.resolver = resolver
         self.stopped = threading.Event()
 
     def run(self) -> None:
@@ -96,13 +101,21 @@ class Agent:
         from cni.agent import metrics
 
         self.metrics = metrics.Metrics(conf, self.datapath)
-        self.enforcer = Enforcer(self.datapath, self.state, self.node_name, self.metrics.observe)
+        by_controller = self.resolver == "controller"
+        self.enforcer = Enforcer(
+            self.datapath,
+            self.state,
+            self.node_name,
+            self.metrics.observe,
+            index=ShardIndex(self.node_name) if by_controller else None,
+        )
         self.enforcer.start(self._adopt_endpoints())
         self.local_store: LocalStore | None = None
         self.api_source: KubernetesSource | None = None
         if self.from_api:
             # Ready once every collection has synced (the source marks it).
-            self.api_source = KubernetesSource(Api(self.kubeconfig), self.enforcer)
+            collections = controller_collections(self.node_name) if by_controller else COLLECTIONS
+            self.api_source = KubernetesSource(Api(self.kubeconfig), self.enforcer, collections)
             self.api_source.start()
         else:
             self.local_store = LocalStore(self.state, self.enforcer)

@@ -20,7 +20,10 @@ Consistency rules:
   by its own lock and each computes the policy from the newest state, so a
   slow install can be overtaken, never reverted;
 - every change marks the endpoints it may affect; a worker thread
-  reinstalls those whose policy differs from what is installed.
+  reinstalls those whose policy differs from what is installed;
+- a resolver that lacks part of a pod's inputs (``PolicyIncomplete``: a
+  controller's objects not all received) leaves the pod's installed policy
+  as it is, and a new endpoint's ADD waits for them.
 """
 
 from __future__ import annotations
@@ -35,8 +38,9 @@ from typing import Any
 from cni.agent.state import AgentState, EndpointRecord
 from cni.datapath import policy as datapath_policy
 from cni.datapath.maps import Datapath
+from cni.policy.errors import PolicyIncomplete
 from cni.policy.model import KubeObject, Pod, PodKey
-from cni.policy.resolve import PolicyIndex, service_ips
+from cni.policy.resolve import PodPolicyResolver, PolicyIndex, service_ips
 
 log = logging.getLogger("sluice.agent")
 
@@ -55,12 +59,14 @@ class Enforcer:
         state: AgentState,
         node_name: str,
         observe: Callable[[str, float], None] = lambda name, seconds: None,
+        index: PodPolicyResolver | None = None,
     ) -> None:
         self.datapath = datapath
         self.state = state
         self.node_name = node_name
         self.observe = observe  # (what, seconds): metrics
-        self.index = PolicyIndex(node_name)
+        # Resolved here from every object (the default), or from a controller's objects.
+        self.index: PodPolicyResolver = index if index is not None else PolicyIndex(node_name)
         self.lock = threading.RLock()  # the index, the sources' pods, the endpoints
         self.endpoints: dict[EndpointKey, EndpointRecord] = {}
         self.by_pod: dict[PodKey, EndpointKey] = {}
@@ -136,14 +142,14 @@ class Enforcer:
                 if isinstance(obj, Pod):
                     self.source_pods[obj.key] = obj
                     affected |= self._index_pod(obj.key)
-                    self._pods_known.notify_all()
                 else:
                     affected |= self.index.upsert(obj)
+            self._pods_known.notify_all()  # a waiting ADD's pod, or its policy's inputs
             keys = self._endpoints_of(affected)
             self._queue(keys)
             return keys
 
-    def replace_all(self, kind: type[KubeObject], objects: list[KubeObject]) -> None:
+    def replace_all(self, kind: type, objects: list[Any]) -> None:
         """Make a source's objects of ``kind`` exactly ``objects`` (a relist)."""
         with self.lock:
             if kind is Pod:
@@ -153,6 +159,7 @@ class Enforcer:
                 self.change(objects, gone)
                 return
             affected = self.index.replace_all(kind, objects)
+            self._pods_known.notify_all()
             self._queue(self._endpoints_of(affected))
 
     # -- endpoints (the CNI verbs) -----------------------------------------------------------
@@ -175,12 +182,21 @@ class Enforcer:
                 self.by_pod[record.pod] = record.key
                 affected = self._index_pod(record.pod)
             self._queue(self._endpoints_of(affected) - {record.key})
-        return self._enforce(record.key)
+        return self._enforce(record.key, must_install=True)
 
     def _wait_known(self, pod: PodKey, wait: float) -> None:
+        """Until the source knows the pod and the resolver has every input of its policy."""
         with self.lock:
-            if not self._pods_known.wait_for(lambda: pod in self.source_pods, timeout=wait):
-                raise NotReady(f"the agent does not know pod {pod[0]}/{pod[1]} yet")
+            if not self._pods_known.wait_for(
+                lambda: pod in self.source_pods and self.index.incomplete(pod) is None,
+                timeout=wait,
+            ):
+                if pod not in self.source_pods:
+                    raise NotReady(f"the agent does not know pod {pod[0]}/{pod[1]} yet")
+                raise NotReady(
+                    f"the policy of pod {pod[0]}/{pod[1]} is not known yet: "
+                    f"{self.index.incomplete(pod)}"
+                )
 
     def endpoint_gone(self, key: EndpointKey) -> None:
         """DEL or GC removed the endpoint: forget it; its pod's addresses go from the
@@ -247,8 +263,10 @@ class Enforcer:
         with self.lock:
             return self._endpoint_locks.setdefault(key, threading.Lock())
 
-    def _enforce(self, key: EndpointKey) -> int:
-        """Install the endpoint's current policy unless it is installed already."""
+    def _enforce(self, key: EndpointKey, must_install: bool = False) -> int:
+        """Install the endpoint's current policy unless it is installed already. While
+        the resolver lacks inputs, keep what the datapath has (``must_install``, a new
+        endpoint that has nothing: NotReady)."""
         with self._endpoint_lock(key):
             with self.lock:
                 record = self.endpoints.get(key)
@@ -256,7 +274,13 @@ class Enforcer:
                     return 0
                 self._dirty.discard(key)
                 started = time.perf_counter()
-                desired = self.endpoint_policy(key)
+                try:
+                    desired = self.endpoint_policy(key)
+                except PolicyIncomplete as err:
+                    if must_install:
+                        raise NotReady(str(err)) from None
+                    log.debug("keeping the installed policy of %s: %s", key, err)
+                    return self.generations.get(key, 0)
                 self.observe("compute", time.perf_counter() - started)
                 if self.installed.get(key) == desired:
                     return self.generations.get(key, 0)

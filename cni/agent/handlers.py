@@ -162,7 +162,12 @@ class Handlers:
         return result.to_json(request.cni_version)
 
     def _check_policy(self, key: tuple[str, str]) -> None:
-        desired = self.enforcer.endpoint_policy(key)
+        from cni.policy.errors import PolicyIncomplete
+
+        try:
+            desired = self.enforcer.endpoint_policy(key)
+        except PolicyIncomplete:
+            return  # the installed policy stays until the resolver's inputs are complete
         installed = self.enforcer.installed.get(key)
         if installed != desired:
             raise CNIError(
@@ -237,6 +242,10 @@ class Handlers:
             return {"error": f"pod must be NAMESPACE/NAME, not {pod!r}"}
         key = tuple(pod.split("/"))
         flow = request.get("flow")
+        from cni.policy.resolve import PolicyIndex
+
+        if not isinstance(self.enforcer.index, PolicyIndex):
+            return {"error": "explain needs the agent's own resolution (--resolver agent)"}
         with self.enforcer.lock:
             if self.enforcer.index.pod(key) is None:  # type: ignore[arg-type]
                 return {"error": f"the agent knows no pod {pod}"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from cni.cli.agent import agent
+from cni.cli.controller import controller
 from cni.cli.datapath import datapath
 from cni.cli.install import install
 from cni.cli.ipam import ipam
@@ -17,7 +18,7 @@ def cli() -> None:
     """Operate sluice, a Kubernetes CNI plugin, on this node."""
 
 
-for command in (agent, apply, delete, get, explain, datapath):
+for command in (agent, controller, apply, delete, get, explain, datapath):
     cli.add_command(command)
 cli.add_command(install)
 cli.add_command(ipam)

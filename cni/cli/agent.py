@@ -29,12 +29,21 @@ from cni.cli.common import conf_option, load_conflist, netconf_of
     help="Take Namespaces, Pods, Services and NetworkPolicies from this cluster "
     "(in a pod: its service account, without this option).",
 )
+@click.option(
+    "--resolver",
+    type=click.Choice(["agent", "controller"]),
+    default="agent",
+    show_default=True,
+    help="With the API: resolve every policy on this node (agent), or take the selectors "
+    "resolved by `sluicectl controller` and watch only this node's share (controller).",
+)
 @click.option("--debug", is_flag=True, help="Log every policy install.")
 def agent(
     conf_path: str | None,
     node_name: str | None,
     metrics_address: str | None,
     kubeconfig: str | None,
+    resolver: str,
     debug: bool,
 ) -> None:
     """Run the node agent for the network in --conf: serve the plugin's CNI calls on
@@ -48,5 +57,7 @@ def agent(
     in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and os.path.exists(
         "/var/run/secrets/kubernetes.io/serviceaccount/token"
     )
+    if resolver == "controller" and not (kubeconfig or in_cluster):
+        raise click.UsageError("--resolver controller needs the API: --kubeconfig, or a pod")
     name = node_name or os.environ.get("NODE_NAME") or socket.gethostname()
-    Agent(conf, name, metrics_address, kubeconfig, in_cluster).run()
+    Agent(conf, name, metrics_address, kubeconfig, in_cluster, resolver).run()

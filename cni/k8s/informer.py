@@ -76,15 +76,18 @@ class Informer:
                     self.resource_version,
                 )
                 need_list = True
-            except ApiError as err:
-                delay = RETRY_SECONDS[min(failures, len(RETRY_SECONDS) - 1)]
-                failures += 1
-                log.warning("%s: %s; retrying in %s s", self.kind, err, delay)
-                self._stopping.wait(delay)
-            except Exception:  # a bug: keep the informer alive, and say so
-                log.exception("%s: unexpected failure; listing again", self.kind)
-                need_list = True
-                self._stopping.wait(1)
+            except Exception as err:
+                if self._stopping.is_set():
+                    return  # stopped while a request was open: its client may be closed
+                if isinstance(err, ApiError):
+                    delay = RETRY_SECONDS[min(failures, len(RETRY_SECONDS) - 1)]
+                    failures += 1
+                    log.warning("%s: %s; retrying in %s s", self.kind, err, delay)
+                    self._stopping.wait(delay)
+                else:  # a bug: keep the informer alive, and say so
+                    log.exception("%s: unexpected failure; listing again", self.kind)
+                    need_list = True
+                    self._stopping.wait(1)
 
     def _list(self) -> None:
         started = time.monotonic()

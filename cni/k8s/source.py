@@ -1,11 +1,15 @@
-"""Policy inputs from the Kubernetes API, resolved on this node
-(``sluicectl agent --kubeconfig``).
+"""Policy inputs from the Kubernetes API (``sluicectl agent --kubeconfig``).
 
-Namespaces, Pods, Services and NetworkPolicies are listed and watched, each
-object trimmed to the fields the resolver reads as it arrives. EndpointSlices
-are not watched: connections to a Service are judged after kube-proxy's DNAT,
-on the backend's own address and port (see the README), so the resolver never
-reads them. Nothing is computed, enforced or removed before every collection
+Resolved on this node (``COLLECTIONS``, the default): Namespaces, Pods,
+Services and NetworkPolicies are listed and watched, each object trimmed to
+the fields the resolver reads as it arrives. EndpointSlices are not watched:
+connections to a Service are judged after kube-proxy's DNAT, on the backend's
+own address and port (see the README), so the resolver never reads them.
+
+Resolved by the controller (``--resolver controller``): the collections of
+``shard_source.controller_collections``, for this node only.
+
+Either way, nothing is computed, enforced or removed before every collection
 has been listed once: until then the agent is not ready and an ADD waits.
 """
 
@@ -17,20 +21,24 @@ from typing import Any, Protocol
 
 from cni.k8s.api import Api
 from cni.k8s.informer import Informer
-from cni.policy.model import KubeObject, Namespace, NetworkPolicy, Pod, Service
+from cni.policy.model import Namespace, NetworkPolicy, Pod, Service
 from cni.policy.parse import parse_namespace, parse_network_policy, parse_pod, parse_service
 
 log = logging.getLogger("sluice.k8s")
 
-COLLECTIONS: tuple[tuple[str, type[KubeObject], str, Any], ...] = (
-    ("namespaces", Namespace, "/api/v1/namespaces", parse_namespace),
-    ("pods", Pod, "/api/v1/pods", parse_pod),
-    ("services", Service, "/api/v1/services", parse_service),
+# (name, the kind the enforcer gets, path, parse[, query parameters])
+Collection = tuple[str, type, str, Any, dict[str, str]]
+
+COLLECTIONS: tuple[Collection, ...] = (
+    ("namespaces", Namespace, "/api/v1/namespaces", parse_namespace, {}),
+    ("pods", Pod, "/api/v1/pods", parse_pod, {}),
+    ("services", Service, "/api/v1/services", parse_service, {}),
     (
         "networkpolicies",
         NetworkPolicy,
         "/apis/networking.k8s.io/v1/networkpolicies",
         parse_network_policy,
+        {},
     ),
 )
 
@@ -40,20 +48,23 @@ class Consumer(Protocol):
 
     require_known_pods: bool
 
-    def change(self, upserts: list[KubeObject], deletes: list[KubeObject]) -> Any: ...
+    def change(self, upserts: list[Any], deletes: list[Any]) -> Any: ...
 
-    def replace_all(self, kind: type[KubeObject], objects: list[KubeObject]) -> None: ...
+    def replace_all(self, kind: type, objects: list[Any]) -> None: ...
 
     def mark_ready(self) -> None: ...
 
 
 class KubernetesSource:
-    def __init__(self, api: Api, enforcer: Consumer) -> None:
+    def __init__(
+        self, api: Api, enforcer: Consumer, collections: tuple[Collection, ...] = COLLECTIONS
+    ) -> None:
         self.api = api
         self.enforcer = enforcer
-        self.kinds = {name: kind for name, kind, _, _ in COLLECTIONS}
+        self.kinds = {name: kind for name, kind, _, _, _ in collections}
         self.informers = [
-            Informer(api, name, path, parse, self) for name, _, path, parse in COLLECTIONS
+            Informer(api, name, path, parse, self, params)
+            for name, _, path, parse, params in collections
         ]
         self._gate = threading.Thread(target=self._wait_synced, name="sync-gate", daemon=True)
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from itertools import chain
-from typing import cast
+from typing import Any, Protocol, cast
 
 from cni.datapath.policy import AllowRule, EndpointPolicy, PeerCIDR
 from cni.policy.groups import PodGroups, Role
@@ -87,6 +87,31 @@ class ResolvedPolicy:
     @property
     def selected_by(self) -> tuple[PolicyKey, ...]:
         return tuple(sorted({*self.ingress_policies, *self.egress_policies}))
+
+
+class PodPolicyResolver(Protocol):
+    """What the agent's enforcer asks of a resolver: ``PolicyIndex`` (everything known
+    locally), or ``cni.k8s.shard_index.ShardIndex`` (a controller's published groups)."""
+
+    store: ObjectStore  # local pods, Services, and the policies known
+
+    def upsert(self, obj: Any) -> frozenset[PodKey]: ...
+
+    def delete(self, obj: Any) -> frozenset[PodKey]: ...
+
+    def replace_all(self, kind: type, objects: Iterable[Any]) -> frozenset[PodKey]: ...
+
+    def upsert_pod(self, pod: Pod) -> frozenset[PodKey]: ...
+
+    def delete_pod(self, key: PodKey) -> frozenset[PodKey]: ...
+
+    def pod(self, key: PodKey) -> Pod | None: ...
+
+    def selecting_policies(self, pod: Pod) -> list[PolicyKey]: ...
+
+    def incomplete(self, key: PodKey) -> str | None: ...
+
+    def resolve(self, key: PodKey) -> ResolvedPolicy: ...
 
 
 class PolicyIndex:

@@ -2,6 +2,7 @@
 
 build                 build Kubernetes v1.34.4 and the images into the cache
 up [--agent]          start a cluster; prints `export KUBECONFIG=...`
+up --control-plane-only   only etcd, kube-apiserver, kube-controller-manager
 down                  stop it and remove everything (also after a crashed up)
 status                what runs, and the node as kubectl sees it
 e2e                   up, the NetworkPolicy e2e suite, down; prints the tally
@@ -24,6 +25,7 @@ def _cluster(args: argparse.Namespace) -> Cluster:
         install_args=getattr(args, "install_arg", None) or (),
         agent_argv=sluice_agent_argv if getattr(args, "agent", False) else None,
         keep_logs=getattr(args, "keep_logs", None),
+        control_plane_only=getattr(args, "control_plane_only", False),
     )
 
 
@@ -41,6 +43,12 @@ def _add_cluster_options(parser: argparse.ArgumentParser, default_name: str = "d
         help="extra `sluicectl install` argument, e.g. --install-arg=--policy=enforce",
     )
     parser.add_argument("--keep-logs", type=Path, help="copy the components' logs here at down")
+    parser.add_argument(
+        "--control-plane-only",
+        action="store_true",
+        help="etcd, kube-apiserver and kube-controller-manager only (nothing on the node; "
+        "may run beside a whole cluster with another SLUICE_K8S_PORT_BASE)",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

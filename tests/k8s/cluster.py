@@ -12,11 +12,17 @@ through CRI (sluice sees every DEL), daemons and containerd shims, kube-proxy's
 rules, the kubelet's cgroups, the sluice network's bpffs directory and nftables
 table, conntrack entries, mounts and directories.
 
-The sluice node agent does not exist yet. ``agent_argv`` is the hook for it: a
-function of the cluster returning the agent's command line (``sluice_agent_argv``
-builds the standard one), started after ``sluicectl install`` and before the
-kubelet, and stopped once the pods are gone. ``install_args`` are appended to
-``sluicectl install`` (e.g. ``("--policy", "enforce")``).
+``agent_argv`` is the hook for the sluice node agent: a function of the cluster
+returning the agent's command line (``sluice_agent_argv`` builds the standard one),
+started after ``sluicectl install`` and before the kubelet, and stopped once the
+pods are gone (``replace_agent`` restarts it with another command line).
+``install_args`` are appended to ``sluicectl install`` (e.g. ``("--policy",
+"enforce")``).
+
+``control_plane_only`` starts etcd, kube-apiserver and kube-controller-manager
+and nothing on the node (no containerd, kubelet, kube-proxy, sluice): an API to
+load with objects, which touches no iptables, nftables, route or cgroup, and so
+may run beside a whole cluster on another port base (``SLUICE_K8S_PORT_BASE``).
 """
 
 from __future__ import annotations
@@ -153,6 +159,7 @@ class ClusterState:
     containerd_base: str
     host: host.HostSnapshot
     processes: dict[str, ProcessRecord] = field(default_factory=dict)
+    control_plane_only: bool = False
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -184,6 +191,7 @@ class Cluster:
         install_args: Sequence[str] = (),
         agent_argv: AgentArgv | None = None,
         keep_logs: Path | None = None,
+        control_plane_only: bool = False,
     ) -> None:
         if not NAME_RE.match(name):
             raise ClusterError(f"cluster name {name!r}: use 1-20 of [a-z0-9-]")
@@ -196,6 +204,7 @@ class Cluster:
         self.install_args = tuple(install_args)
         self.agent_argv = agent_argv
         self.keep_logs = keep_logs
+        self.control_plane_only = control_plane_only
         self.network = f"k8s-{name}"
         self.bpf_dir = Path("/sys/fs/bpf") / f"sluice-k8s-{name}"
         self.cgroup_root = f"/sluice-k8s-{name}"
@@ -365,7 +374,7 @@ class Cluster:
                 ": run `make k8s-build` (python -m tests.k8s build)"
             )
         absent = [tool for tool in HOST_TOOLS if shutil.which(tool) is None]
-        if find_crictl() is None:
+        if find_crictl() is None and not self.control_plane_only:
             absent.append("crictl")
         if absent:
             raise ClusterError(f"missing on this host: {', '.join(absent)} (run `make setup`)")
@@ -396,6 +405,7 @@ class Cluster:
             cgroup_root=self.cgroup_root,
             containerd_base=str(self.containerd_base),
             host=host.HostSnapshot.take(),
+            control_plane_only=self.control_plane_only,
         )
         self._save_state()
         layout = self._layout_for(self._state)
@@ -403,6 +413,13 @@ class Cluster:
         self._start_etcd(layout)
         self._start_apiserver(layout)
         self._start("kube-controller-manager", components.controller_manager_argv(layout))
+        if self.control_plane_only:
+            self._wait(
+                lambda: self.kubectl("get", "namespace", "default", check=False).returncode == 0,
+                "namespace default",
+            )
+            self._log(f"control plane up in {time.monotonic() - started:.0f} s")
+            return
         self._start("kube-scheduler", components.scheduler_argv(layout))
         self._install_sluice()
         self._start_containerd()
@@ -418,6 +435,8 @@ class Cluster:
     def _check_free(self, node_ip: str) -> None:
         for what, (address, port) in self.ports.listeners(node_ip).items():
             assert_port_free(address, port, what)
+        if self.control_plane_only:
+            return  # nothing on the node: another cluster's routes and chains do not matter
         for cidr in (CLUSTER_CIDR, SERVICE_CIDR):
             clashes = [str(r) for r in host_routes() if r.overlaps(ipaddress.ip_network(cidr))]
             if clashes:
@@ -484,6 +503,7 @@ class Cluster:
             "kube-proxy": "system:kube-proxy",
             "kubelet": f"system:node:{layout.node_name}",
             "sluice-agent": "system:sluice-agent",
+            "sluice-controller": "system:sluice-controller",
         }
         service_ip = str(next(ipaddress.IPv4Network(SERVICE_CIDR).hosts()))
         paths, tokens = pki.create_pki(
@@ -577,6 +597,15 @@ class Cluster:
         # Ready when the plugin can serve an ADD (with "enforce" that needs the agent).
         self._wait(self.sluice_ready, "sluicectl status to report the node ready", 120)
 
+    def replace_agent(self, argv: Sequence[str], wait_ready: bool = True) -> ProcessRecord:
+        """Stop the node agent (SIGTERM: its pinned datapath keeps enforcing) and start
+        ``argv`` in its place, under the same name, so ``down`` stops it."""
+        self._stop_process("sluice-agent")
+        record = self._start("sluice-agent", list(argv))
+        if wait_ready:
+            self._wait(self.sluice_ready, "sluicectl status to report the node ready", 120)
+        return record
+
     def sluice_ready(self) -> bool:
         """`sluicectl status`: an ADD can be served now (with "enforce": the agent is up)."""
         status = self.sluicectl("status", f"--bin-dir={self.cni_bin_dir}", check=False)
@@ -665,6 +694,34 @@ class Cluster:
         started = time.monotonic()
         errors: list[str] = []
         steps: list[tuple[str, Callable[[], object]]] = [
+            *(
+                (f"stop {name}", lambda name=name: self._stop_process(name))
+                for name in CONTROL_PLANE
+            ),
+            ("unmount", lambda: unmount_all_under(self.directory)),
+            ("keep logs", self._keep_logs),
+            ("remove the cluster directory", self._remove_directory),
+        ]
+        if not state.control_plane_only:
+            steps = self._node_teardown(state)
+        for what, step in steps:
+            try:
+                step()
+            except Exception as exc:
+                errors.append(f"{what}: {exc}")
+        leftovers = self.leftovers()
+        self._state = None
+        self._containerd = None
+        self._log(f"down in {time.monotonic() - started:.0f} s")
+        if errors:
+            raise ClusterError(
+                f"cluster {self.name} teardown failed:\n" + "\n".join(errors + leftovers)
+            )
+        return leftovers
+
+    def _node_teardown(self, state: ClusterState) -> list[tuple[str, Callable[[], object]]]:
+        """Every step of a whole cluster's ``down``, in order."""
+        return [
             ("stop kubelet", lambda: self._stop_process("kubelet")),
             ("remove pods through CRI", self._remove_pods),
             ("stop the sluice agent", lambda: self._stop_process("sluice-agent")),
@@ -690,20 +747,6 @@ class Cluster:
                 lambda: host.remove_created_paths(state.host, self.directory),
             ),
         ]
-        for what, step in steps:
-            try:
-                step()
-            except Exception as exc:
-                errors.append(f"{what}: {exc}")
-        leftovers = self.leftovers()
-        self._state = None
-        self._containerd = None
-        self._log(f"down in {time.monotonic() - started:.0f} s")
-        if errors:
-            raise ClusterError(
-                f"cluster {self.name} teardown failed:\n" + "\n".join(errors + leftovers)
-            )
-        return leftovers
 
     def _stop_process(self, name: str) -> None:
         record = self.state.processes.get(name)
@@ -783,6 +826,10 @@ class Cluster:
             if is_alive(record):
                 found.append(f"process {record.name} (pid {record.pid})")
         found += [f"process {p}" for p in processes_mentioning(f"{self.directory}/")]
+        if state.control_plane_only:  # the node's state may be another cluster's
+            if self.directory.exists():
+                found.append(f"directory {self.directory}")
+            return found
         found += [f"veth {v}" for v in self._sluice_veths()]
         if self.bpf_dir.exists():
             found.append(f"bpffs {self.bpf_dir}")
