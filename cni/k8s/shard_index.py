@@ -26,6 +26,7 @@ from collections.abc import Iterable
 
 from cni.k8s.objects import (
     ADDRESS_SET,
+    POLICY_ENDPOINTS,
     POLICY_TARGETS,
     AddressShard,
     PolicyShard,
@@ -317,6 +318,15 @@ class ShardIndex:
         return affected
 
     # -- views -------------------------------------------------------------------------------
+
+    def held(self, kind: str) -> dict[str, str]:
+        """The objects of a kind held now, complete or not: name -> resourceVersion."""
+        sets: ShardSets = {  # type: ignore[assignment]
+            POLICY_ENDPOINTS: self._policy_shards,
+            ADDRESS_SET: self._address_shards,
+            POLICY_TARGETS: self._target_shards,
+        }[kind]
+        return sets.versions()
 
     def status(self) -> dict[str, int]:
         """How much of the controller's output this agent holds (for logs and tests)."""

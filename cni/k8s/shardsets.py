@@ -50,6 +50,14 @@ class ShardSets(Generic[S]):
         """The shards held now, complete or not (for status and tests)."""
         return dict(self._held.get(key, {}))
 
+    def versions(self) -> dict[str, str]:
+        """Every shard held: object name -> resourceVersion."""
+        return {
+            shard.info.name: shard.info.resource_version
+            for held in self._held.values()
+            for shard in held.values()
+        }
+
     def completes(self) -> dict[SetKey, tuple[S, ...]]:
         return dict(self._complete)
 
@@ -60,8 +68,9 @@ class ShardSets(Generic[S]):
         return self._settle(key)
 
     def remove(self, shard: S) -> bool:
-        """Forget a shard (deleted, or no longer for this node); True when that made
-        the set disappear altogether."""
+        """Forget a shard (deleted, or no longer for this node); True when the set's
+        complete version changed, which only its last shard going does (the set is
+        forgotten)."""
         key = shard.info.set_key
         held = self._held.get(key)
         if held is None:

@@ -412,7 +412,14 @@ class Cluster:
         self._write_credentials(layout)
         self._start_etcd(layout)
         self._start_apiserver(layout)
-        self._start("kube-controller-manager", components.controller_manager_argv(layout))
+        # Nodes without a kubelet never report: without this, their pods would be evicted.
+        without_kubelets = ("--controllers=*,-node-lifecycle-controller",)
+        self._start(
+            "kube-controller-manager",
+            components.controller_manager_argv(
+                layout, *(without_kubelets if self.control_plane_only else ())
+            ),
+        )
         if self.control_plane_only:
             self._wait(
                 lambda: self.kubectl("get", "namespace", "default", check=False).returncode == 0,

@@ -161,7 +161,7 @@ def apiserver_argv(layout: ClusterLayout) -> list[str]:
     ]
 
 
-def controller_manager_argv(layout: ClusterLayout) -> list[str]:
+def controller_manager_argv(layout: ClusterLayout, *extra: str) -> list[str]:
     kubeconfig = layout.kubeconfig("kube-controller-manager")
     return [
         str(layout.binary("kube-controller-manager")),
@@ -182,6 +182,7 @@ def controller_manager_argv(layout: ClusterLayout) -> list[str]:
         "--leader-elect=false",
         "--profiling=false",
         "--v=1",
+        *extra,
     ]
 
 

@@ -10,6 +10,10 @@ Pull them into a test module with ``from tests.k8s.fixtures import *`` names or
   installed (``make test`` builds the cache first) and skips only where it is not.
 * ``k8s_namespace`` (function): a fresh namespace, deleted afterwards
   (``Cluster.fresh_namespace()`` is the same as a context manager, for wider scopes).
+* ``k8s_control_plane`` (session): a control plane only (etcd, kube-apiserver,
+  kube-controller-manager; cluster ``pytest-cp`` on port base 26000), with sluice's
+  CRDs: for tests of the controller and the agent's sources with nodes that do not
+  exist. It touches nothing on the node, so it may run beside ``k8s_cluster``.
 """
 
 from __future__ import annotations
@@ -25,11 +29,13 @@ from tests.k8s.cache import K8sCache
 from tests.k8s.cluster import Cluster, sluice_agent_argv
 
 CLUSTER_NAME = "pytest"
+CONTROL_PLANE_NAME = "pytest-cp"
+CONTROL_PLANE_PORT_BASE = 26000
+CRDS = Path(__file__).resolve().parents[2] / "conf" / "policyendpoints.yaml"
 KEEP_LOGS_ENV = "SLUICE_K8S_KEEP_LOGS"  # copy the components' logs here at teardown
 
 
-@pytest.fixture(scope="session")
-def k8s_cluster() -> Iterator[Cluster]:
+def _cache_or_skip() -> K8sCache:
     cache = K8sCache.default()
     missing = cache.missing()
     if missing:
@@ -40,6 +46,12 @@ def k8s_cluster() -> Iterator[Cluster]:
         if shutil.which("go"):
             pytest.fail(message)
         pytest.skip(message)
+    return cache
+
+
+@pytest.fixture(scope="session")
+def k8s_cluster() -> Iterator[Cluster]:
+    cache = _cache_or_skip()
     keep_logs = os.environ.get(KEEP_LOGS_ENV)
     cluster = Cluster(
         CLUSTER_NAME,
@@ -62,3 +74,25 @@ def k8s_cluster() -> Iterator[Cluster]:
 def k8s_namespace(k8s_cluster: Cluster) -> Iterator[str]:
     with k8s_cluster.fresh_namespace() as name:
         yield name
+
+
+@pytest.fixture(scope="session")
+def k8s_control_plane() -> Iterator[Cluster]:
+    keep_logs = os.environ.get(KEEP_LOGS_ENV)
+    cluster = Cluster(
+        CONTROL_PLANE_NAME,
+        cache=_cache_or_skip(),
+        port_base=CONTROL_PLANE_PORT_BASE,
+        keep_logs=Path(keep_logs) / CONTROL_PLANE_NAME if keep_logs else None,
+        control_plane_only=True,
+    )
+    if cluster.is_up():
+        cluster.down()
+    cluster.up()
+    try:
+        cluster.kubectl("apply", "-f", str(CRDS))
+        cluster.kubectl("wait", "--for=condition=Established", "-f", str(CRDS))
+        yield cluster
+    finally:
+        leftovers = cluster.down()
+        assert not leftovers, f"cluster {CONTROL_PLANE_NAME} left behind: {leftovers}"
