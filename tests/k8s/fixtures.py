@@ -10,7 +10,7 @@ Pull them into a test module with ``from tests.k8s.fixtures import *`` names or
   installed (``make test`` builds the cache first) and skips only where it is not.
 * ``k8s_namespace`` (function): a fresh namespace, deleted afterwards
   (``Cluster.fresh_namespace()`` is the same as a context manager, for wider scopes).
-* ``k8s_control_plane`` (session): a control plane only (etcd, kube-apiserver,
+* ``k8s_control_plane`` (module): a control plane only (etcd, kube-apiserver,
   kube-controller-manager; cluster ``pytest-cp`` on port base 26000), with sluice's
   CRDs: for tests of the controller and the agent's sources with nodes that do not
   exist. It touches nothing on the node, so it may run beside ``k8s_cluster``.
@@ -76,7 +76,7 @@ def k8s_namespace(k8s_cluster: Cluster) -> Iterator[str]:
         yield name
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def k8s_control_plane() -> Iterator[Cluster]:
     keep_logs = os.environ.get(KEEP_LOGS_ENV)
     cluster = Cluster(
