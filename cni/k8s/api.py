@@ -68,13 +68,23 @@ class Api:
     def list(self, path: str, **params: str) -> Listed:
         """Every object of a collection, paged (``limit``/``continue``)."""
         items: list[dict[str, Any]] = []
+        version = ""
+        for page, page_version in self.pages(path, **params):
+            items.extend(page)
+            version = page_version
+        return Listed(items, version)
+
+    def pages(self, path: str, **params: str) -> Iterator[tuple[list[dict[str, Any]], str]]:
+        """A collection a page at a time, each with the list's resourceVersion (final
+        with the last page), so that a caller can trim each page before the next
+        arrives instead of holding the whole collection as JSON."""
         query = {"limit": "500", **params}
         while True:
             body = self._json("GET", path, params=query)
-            items.extend(body.get("items") or [])
             meta = body.get("metadata") or {}
+            yield body.get("items") or [], str(meta.get("resourceVersion", ""))
             if not meta.get("continue"):
-                return Listed(items, str(meta.get("resourceVersion", "")))
+                return
             query["continue"] = meta["continue"]
 
     def watch(

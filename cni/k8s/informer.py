@@ -49,7 +49,6 @@ class Informer:
         self.synced = threading.Event()
         self.resource_version = ""
         self.events = 0  # watch events seen (for the scale figures)
-        self.listed_bytes = 0
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"informer-{kind}", daemon=True)
 
@@ -91,10 +90,13 @@ class Informer:
 
     def _list(self) -> None:
         started = time.monotonic()
-        listed = self.api.list(self.path, **self.params)
-        objects = [obj for obj in map(self._parse, listed.items) if obj is not None]
+        objects: list[Any] = []
+        version = ""
+        for page, page_version in self.api.pages(self.path, **self.params):
+            objects.extend(obj for obj in map(self._parse, page) if obj is not None)
+            version = page_version  # the list's, once the last page is in
         self.sink.replace(self.kind, objects)
-        self.resource_version = listed.resource_version
+        self.resource_version = version
         self.synced.set()
         log.info(
             "%s: listed %d in %.2f s at resourceVersion %s",
