@@ -20,6 +20,7 @@ from cni.net.netlink import node_socket
 from cni.netconf import NetConf
 from cni.protocol import Request, valid_attachments
 from cni.verbs import load_conf
+from cni.verbs.delete import forget_connections
 
 log = logging.getLogger("sluice")
 
@@ -32,17 +33,20 @@ def run(request: Request) -> None:
 def gc(conf: NetConf, valid: set[tuple[str, str]]) -> None:
     errors: list[CNIError] = []
     remaining_ips: list[str] = []
+    gone_ips: list[str] = []
     with node_socket() as node:
         for key, veth in wiring.node_veths(node, conf.network).items():
             if key in valid:
                 remaining_ips += wiring.node_routed_ips(node, veth)
                 continue
             try:
+                gone_ips += wiring.node_routed_ips(node, veth)
                 wiring.unwire(node, veth, conf.bpf_dir)
                 log.info("gc: removed veth %s of %s/%s", veth.name, *key)
             except CNIError as err:
                 errors.append(err)
     steps: list[Callable[[], None]] = [
+        lambda: forget_connections(gone_ips),
         lambda: _ipam_gc(conf, valid),
         lambda: _resync_masquerade(conf, remaining_ips),
         lambda: endpoint.sweep(conf.bpf_dir, endpoint.live_ifindexes()),
