@@ -14,6 +14,7 @@ import pytest
 from cni import wiring
 from cni.datapath import endpoint
 from cni.datapath.maps import Datapath
+from cni.net import link
 from cni.net.netlink import Rtnl
 from tests.node.test_datapath import PROBE, PYTHON, Pod, Server
 from tests.support import packets as pk
@@ -154,8 +155,7 @@ def test_del_deletes_the_veth_before_it_unpins_the_filter(
 
     monkeypatch.setattr(endpoint, "detach", spy)
     with Rtnl() as node:
-        attachment = wiring.Attachment(network.name, "order", "eth0")
-        wiring.unwire(node, attachment, TEST_BPF_DIR)
+        wiring.unwire(node, link.get_link(node, veth), TEST_BPF_DIR)
     assert seen == [False], "the veth was gone when its links were unpinned"
     assert not Path(endpoint.link_path(TEST_BPF_DIR, ifindex, "from_pod")).exists()
     network.delete(netns, "order").ok()
