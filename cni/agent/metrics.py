@@ -153,7 +153,7 @@ class _Scraped(Collector):
         )
         by_role: dict[str, int] = {"reaper": 0, "enforcer": 0, "requests": 0}
         for thread, count in rcu.waits_by_thread().items():
-            role = thread if thread in ("reaper", "enforcer") else "requests"
+            role = next((r for r in ("reaper", "enforcer") if thread.startswith(r)), "requests")
             by_role[role] += count
         for role, count in by_role.items():
             waits.add_metric([role], count)

@@ -179,7 +179,8 @@ def _in_parallel(calls: list[Callable[[], object]]) -> None:
         return
     from concurrent.futures import ThreadPoolExecutor  # only reapers need it
 
-    with ThreadPoolExecutor(max_workers=min(DELETERS, len(calls))) as workers:
+    name = f"{threading.current_thread().name}-deleter"  # its waits count as its caller's
+    with ThreadPoolExecutor(min(DELETERS, len(calls)), thread_name_prefix=name) as workers:
         for done in [workers.submit(call) for call in calls]:
             done.result()
 
