@@ -9,8 +9,8 @@ writer find the id of a rule set that is already installed: installing it
 on one more endpoint writes no map of maps at all.
 
 ``PolicyRegistry`` is one process's cache on top of that: rules -> digest
-(each distinct rule set is compiled once), compiled rule sets not yet
-installed, and the ids it saw in the index. The agent keeps one for its
+(each distinct rule set is compiled once), compiled rule sets while they
+are being installed, and the ids it saw in the index. The agent keeps one for its
 lifetime; an in-process caller uses a short-lived one. The index is the
 truth, read under the state lock before an id is used: a reaper in another
 process may have deleted the id since. Which endpoints use an id is read
@@ -32,7 +32,7 @@ from cni.datapath.maps import Datapath
 from cni.datapath.ruleset import AllowRule, CompiledDirection
 
 Rules = tuple[AllowRule, ...]
-CACHE_SIZE = 4096  # distinct rule sets whose digest a registry remembers
+CACHE_SIZE = 1024  # distinct rule sets whose digest a registry remembers
 
 
 class PolicyRegistry:
@@ -79,6 +79,12 @@ class PolicyRegistry:
             self._pending.pop(digest, None)
             if len(self._ids) > self._cache_size:
                 self._ids.pop(next(iter(self._ids)))
+
+    def settle(self, digests: Iterable[bytes]) -> None:
+        """An install is over: its compiled rule sets are in maps now, or not needed."""
+        with self._lock:
+            for digest in digests:
+                self._pending.pop(digest, None)
 
     def forget(self, digest: bytes) -> None:
         with self._lock:

@@ -96,10 +96,12 @@ def install_many(
             continue
         digests[ifindex] = (egress, ingress)
 
-    # Outside the lock: the inner maps of rule sets this process has not seen installed.
-    built = policies.build(
-        registry, contents, [d for d in contents if registry.known_id(d) is None]
-    )
+    # Outside the lock: the inner maps of rule sets the node does not have (as far as
+    # this registry knows, or else the pinned index says).
+    missing = [
+        d for d in contents if registry.known_id(d) is None and datapath.find_policy(d) is None
+    ]
+    built = policies.build(registry, contents, missing)
     generations: dict[int, int] = {}
     missing: dict[int, PolicyError] = {}
     try:
@@ -126,6 +128,7 @@ def install_many(
             datapath.count_releases(policies=released)
     finally:
         policies.close(built)
+        registry.settle(contents)
     reaper.after_release(datapath)
     if missing and failed is None:
         raise next(iter(missing.values()))
