@@ -3,8 +3,10 @@
 Node-side veths are found by their alias, addresses by the IPAM store (or the
 delegated IPAM's own GC), and the masquerade set is rebuilt from the veths
 that remain. The datapath forgets endpoints (and their policies and flows)
-whose veth is gone, whatever network they belonged to. Every step runs even
-if another fails; the errors are reported together.
+whose veth is gone, whatever network they belonged to, and reaps what no
+endpoint uses any more (in the agent: its reaper thread does, in the
+background). Every step runs even if another fails; the errors are
+reported together.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ import logging
 from collections.abc import Callable
 
 from cni import ipam_client, wiring
-from cni.datapath import endpoint
-from cni.errors import CNIError
+from cni.datapath import bpf, endpoint, reaper
+from cni.datapath.maps import Datapath, DatapathMissing
+from cni.errors import ERR_KERNEL, CNIError
 from cni.net import masq
 from cni.net.netlink import node_socket
 from cni.netconf import NetConf
@@ -50,6 +53,7 @@ def gc(conf: NetConf, valid: set[tuple[str, str]]) -> None:
         lambda: _ipam_gc(conf, valid),
         lambda: _resync_masquerade(conf, remaining_ips),
         lambda: endpoint.sweep(conf.bpf_dir, endpoint.live_ifindexes()),
+        lambda: _reap(conf),
     ]
     for step in steps:
         try:
@@ -63,6 +67,16 @@ def gc(conf: NetConf, valid: set[tuple[str, str]]) -> None:
 def _ipam_gc(conf: NetConf, valid: set[tuple[str, str]]) -> None:
     with ipam_client.client(conf.ipam, conf.cni_version) as ipam:
         ipam.gc(valid)
+
+
+def _reap(conf: NetConf) -> None:
+    try:
+        with Datapath(conf.bpf_dir) as datapath:
+            reaper.collect(datapath)
+    except DatapathMissing:
+        return  # nothing was ever loaded here
+    except bpf.BPFError as err:
+        raise CNIError(ERR_KERNEL, f"failed to reap the datapath's garbage: {err}") from None
 
 
 def _resync_masquerade(conf: NetConf, remaining_ips: list[str]) -> None:
