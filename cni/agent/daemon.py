@@ -116,7 +116,7 @@ class Agent:
         self.handlers = Handlers(
             conf, self.enforcer, self.local_store, self.metrics, self.api_source
         )
-        self.server = AgentServer(conf.agent_socket, self.handlers.handle)
+        self.server = AgentServer(conf.agent_socket, self.handlers.handle, self.handlers.cni_call)
         self._serving = threading.Thread(
             target=self.server.serve_forever, name="server", daemon=True
         )
