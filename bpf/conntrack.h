@@ -5,7 +5,7 @@
  * (never by looking at netfilter's conntrack).
  *
  * API:
- *   void *ct_table(ifindex)                          the endpoint's table or NULL
+ *   void *ct_table(ep)                               the endpoint's table or NULL
  *   struct sl_ct_entry *ct_find(table, owner, t, &key, &reply)   live entry or NULL
  *   void ct_create(table, owner, t, gen, dir, flags)
  *   void ct_frag_create(table, owner, pkt, gen, dir, flags)   an allowed first fragment
@@ -25,9 +25,11 @@
 #include "maps.h"
 #include "parse.h"
 
-static __always_inline void *ct_table(__u32 ifindex)
+static __always_inline void *ct_table(struct sl_endpoint *ep)
 {
-	return ct_tables.lookup(&ifindex);
+	__u32 slot = ep->ct_slot;
+
+	return ct_tables.lookup(&slot);
 }
 
 static __always_inline void ct_key(struct sl_ct_key *k, struct sl_tuple *t, int reversed)

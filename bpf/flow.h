@@ -37,9 +37,7 @@
 
 static __always_inline int isolated(struct sl_endpoint *ep, __u32 dir)
 {
-	__u32 bit = dir == SL_DIR_EGRESS ? SL_EP_ISOLATED_EGRESS : SL_EP_ISOLATED_INGRESS;
-
-	return (ep->flags & bit) != 0;
+	return policy_of(ep, dir) != SL_NONE;
 }
 
 /* The address on the other side of the pod. */
@@ -99,8 +97,8 @@ static __always_inline int flow_still_allowed(void *table, struct sl_endpoint *e
 		}
 		dport = e->dport;
 	}
-	return policy_allows(ifindex, ep->policy_gen, e->dir,
-			     e->dir == SL_DIR_EGRESS ? k->daddr : k->saddr, k->proto, dport);
+	return policy_allows(policy_of(ep, e->dir), e->dir == SL_DIR_EGRESS ? k->daddr : k->saddr,
+			     k->proto, dport);
 }
 
 /* Bring a known entry up to the endpoint's generation; 0 (and removed) if denied now. */
@@ -199,7 +197,7 @@ static __always_inline int handle_packet(struct __sk_buff *skb, __u32 dir)
 			       : verdict_pass(dir, SL_ALLOWED);
 	if (dir == SL_DIR_EGRESS && !own_address(ep, ifindex, pkt.flow.saddr))
 		return verdict_drop(ifindex, dir, SL_DROP_SPOOFED, &pkt.flow);
-	table = ct_table(ifindex);
+	table = ct_table(ep);
 	if (!table)
 		return verdict_drop(ifindex, dir, SL_DROP_NO_ENDPOINT, &pkt.flow);
 
@@ -251,8 +249,8 @@ static __always_inline int handle_packet(struct __sk_buff *skb, __u32 dir)
 		flags = SL_CT_SERVICE;
 		reason = SL_DEFERRED_SERVICE;
 	} else {
-		allowed = policy_allows(ifindex, ep->policy_gen, dir, peer_of(&pkt.flow, dir),
-					pkt.flow.proto, pkt.flow.dport);
+		allowed = policy_allows(policy_of(ep, dir), peer_of(&pkt.flow, dir), pkt.flow.proto,
+					pkt.flow.dport);
 	}
 	if (!allowed)
 		return verdict_drop(ifindex, dir, SL_DENIED_POLICY, &pkt.flow);

@@ -5,14 +5,16 @@
  * and a reload keeps endpoints, policies and conntrack.
  *
  * API (maps): endpoints, ep_by_ip, service_ips, peers, rules, ct_tables,
- * ep_stats, config, counters, event_budget, events.
+ * ep_stats, config, counters, event_budget, events; and for userspace only:
+ * policy_index, ct_free, ct_dirty, ledger.
  *
- * Per-endpoint policy lives in inner maps reached through two outer maps
- * keyed by (ifindex, generation, direction); userspace builds a complete
- * new generation, then flips sl_endpoint.policy_gen in one write.
- * Per-endpoint conntrack lives in an LRU table per endpoint, reached
- * through ct_tables[ifindex]; userspace creates it at attach (sized by
- * sl_config.ct_per_endpoint) and drops it whole at detach.
+ * Policies live in inner maps reached through two outer maps keyed by
+ * policy id (sluice.h: struct sl_endpoint); conntrack tables in LRU inner
+ * maps reached through ct_tables, keyed by slot. Every insert, replace or
+ * delete of an outer map's element makes the kernel wait for an RCU grace
+ * period, so userspace inserts in batches (one wait per batch), never on
+ * an endpoint's attach or detach when the pool of empty tables is
+ * stocked, and deletes garbage later, off the CNI path (the reaper).
  *
  * Sizes are compiled in; the loader passes them (-D) from the network
  * config and records them in the layout marker beside the pins.
@@ -34,7 +36,11 @@
 #ifndef SL_MAX_SERVICES
 #define SL_MAX_SERVICES		65536
 #endif
+/* Rule sets: at most two per endpoint, plus garbage the reaper has not
+ * deleted yet. Conntrack tables: one per endpoint, plus the pool of empty
+ * ones and garbage. */
 #define SL_MAX_POLICIES		(4 * SL_MAX_ENDPOINTS)
+#define SL_MAX_CT_TABLES	(2 * SL_MAX_ENDPOINTS)
 #define SL_MAX_POD_IPS		(4 * SL_MAX_ENDPOINTS)
 #define SL_EVENTS_BYTES		(256 * 1024)
 
@@ -51,12 +57,12 @@ BPF_F_TABLE("lpm_trie", struct sl_peer_key, struct sl_peer, peer_template, 1,
 BPF_F_TABLE("hash", struct sl_rule_key, struct sl_rule, rule_template, 1, BPF_F_NO_PREALLOC);
 BPF_F_TABLE("lru_hash", struct sl_ct_key, struct sl_ct_entry, ct_template, 1, 0);
 
-BPF_TABLE("hash_of_maps$peer_template:" SL_PIN_DIR "/peers", struct sl_policy_key, int,
-	  peers, SL_MAX_POLICIES);
-BPF_TABLE("hash_of_maps$rule_template:" SL_PIN_DIR "/rules", struct sl_policy_key, int,
-	  rules, SL_MAX_POLICIES);
+BPF_TABLE("hash_of_maps$peer_template:" SL_PIN_DIR "/peers", __u32, int, peers,
+	  SL_MAX_POLICIES);
+BPF_TABLE("hash_of_maps$rule_template:" SL_PIN_DIR "/rules", __u32, int, rules,
+	  SL_MAX_POLICIES);
 BPF_TABLE("hash_of_maps$ct_template:" SL_PIN_DIR "/ct_tables", __u32, int, ct_tables,
-	  SL_MAX_ENDPOINTS);
+	  SL_MAX_CT_TABLES);
 
 BPF_TABLE_PINNED("hash", __u32, struct sl_ep_stats, ep_stats, SL_MAX_ENDPOINTS,
 		 SL_PIN_DIR "/ep_stats");
@@ -65,6 +71,17 @@ BPF_TABLE_PINNED("percpu_array", __u32, __u64, counters, SL_DIRS * SL_REASONS,
 		 SL_PIN_DIR "/counters");
 BPF_TABLE_PINNED("percpu_array", __u32, struct sl_event_budget, event_budget, 1,
 		 SL_PIN_DIR "/event_budget");
+
+/* Userspace bookkeeping (sluice.h): rule set digest -> policy id; empty
+ * conntrack tables ready to hand out (slot -> capacity); tables given back,
+ * waiting for the reaper (slot -> 0); id counters and release counts. */
+BPF_TABLE_PINNED("hash", struct sl_policy_digest, __u32, policy_index, SL_MAX_POLICIES,
+		 SL_PIN_DIR "/policy_index", BPF_F_NO_PREALLOC);
+BPF_TABLE_PINNED("hash", __u32, __u32, ct_free, SL_MAX_CT_TABLES, SL_PIN_DIR "/ct_free",
+		 BPF_F_NO_PREALLOC);
+BPF_TABLE_PINNED("hash", __u32, __u32, ct_dirty, SL_MAX_CT_TABLES, SL_PIN_DIR "/ct_dirty",
+		 BPF_F_NO_PREALLOC);
+BPF_TABLE_PINNED("array", __u32, struct sl_ledger, ledger, 1, SL_PIN_DIR "/ledger");
 
 /* bcc has no pinned form of BPF_RINGBUF_OUTPUT; this is its table with a pin path. */
 struct events_table_t {

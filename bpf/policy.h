@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
- * Policy lookup for one endpoint, generation and direction.
+ * Policy lookup: one rule set, named by its policy id.
  *
  * API:
- *   int policy_allows(ifindex, gen, dir, peer, proto, dport)   1 allow, 0 deny
+ *   __u32 policy_of(ep, dir)                          the endpoint's policy id for dir
+ *   int policy_allows(policy, peer, proto, dport)     1 allow, 0 deny
  *
  * Two steps: the peer's address -> its peer set (LPM), then the peer set,
  * protocol and destination port -> allow (exact port, then the set's
@@ -14,10 +15,15 @@
 
 #include "maps.h"
 
-static __always_inline int policy_allows(__u32 ifindex, __u32 gen, __u32 dir, __be32 peer,
-					 __u8 proto, __be16 dport)
+/* SL_NONE when the direction is not isolated. */
+static __always_inline __u32 policy_of(struct sl_endpoint *ep, __u32 dir)
 {
-	struct sl_policy_key pk = { .ifindex = ifindex, .gen = gen, .dir = dir };
+	return dir == SL_DIR_EGRESS ? ep->egress_policy : ep->ingress_policy;
+}
+
+/* A missing rule set (SL_NONE included) allows nothing. */
+static __always_inline int policy_allows(__u32 policy, __be32 peer, __u8 proto, __be16 dport)
+{
 	struct sl_peer_key peer_key = { .prefixlen = 32, .addr = peer };
 	struct sl_rule_key rk = {};
 	struct sl_peer *set;
@@ -26,8 +32,8 @@ static __always_inline int policy_allows(__u32 ifindex, __u32 gen, __u32 dir, __
 	__u16 port = bpf_ntohs(dport);
 	int i;
 
-	peer_map = peers.lookup(&pk);
-	rule_map = rules.lookup(&pk);
+	peer_map = peers.lookup(&policy);
+	rule_map = rules.lookup(&policy);
 	if (!peer_map || !rule_map)
 		return 0;
 	set = bpf_map_lookup_elem(peer_map, &peer_key);

@@ -47,9 +47,9 @@ static __always_inline int judge_source(__u32 self, struct sl_packet *pkt)
 	if (owner == self)
 		return 0;	/* a pod may always reach itself */
 	src = endpoints.lookup(&owner);
-	if (!src || !(src->flags & SL_EP_ISOLATED_EGRESS))
+	if (!src || src->egress_policy == SL_NONE)
 		return 0;
-	table = ct_table(owner);
+	table = ct_table(src);
 	if (!table)
 		return 0;
 	e = ct_find(table, owner, &pkt->flow, &k, &reply);
@@ -61,8 +61,7 @@ static __always_inline int judge_source(__u32 self, struct sl_packet *pkt)
 		if (!(e->flags & SL_CT_POST_DNAT))
 			return 0;
 		if (e->policy_gen != src->policy_gen) {
-			if (!policy_allows(owner, src->policy_gen, SL_DIR_EGRESS, k.daddr, k.proto,
-					   k.dport)) {
+			if (!policy_allows(src->egress_policy, k.daddr, k.proto, k.dport)) {
 				ct_remove(table, owner, &k);
 				return verdict_drop(owner, SL_DIR_EGRESS, SL_DROP_FLOW_CUT,
 						    &pkt->flow);
@@ -72,8 +71,7 @@ static __always_inline int judge_source(__u32 self, struct sl_packet *pkt)
 		ct_touch(e, reply, pkt->tcp_flags);
 		return 0;
 	}
-	if (!policy_allows(owner, src->policy_gen, SL_DIR_EGRESS, pkt->flow.daddr, pkt->flow.proto,
-			   pkt->flow.dport))
+	if (!policy_allows(src->egress_policy, pkt->flow.daddr, pkt->flow.proto, pkt->flow.dport))
 		return verdict_drop(owner, SL_DIR_EGRESS, SL_DENIED_POLICY, &pkt->flow);
 	if (ct_creates(pkt))
 		ct_create(table, owner, &pkt->flow, src->policy_gen, SL_DIR_EGRESS,

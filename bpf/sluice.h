@@ -16,28 +16,33 @@
 #include "vocabulary.h"
 
 /* Endpoint flags. */
-#define SL_EP_ISOLATED_EGRESS	(1 << 0)	/* egress policy applies: deny unless allowed */
-#define SL_EP_ISOLATED_INGRESS	(1 << 1)	/* ingress policy applies */
-#define SL_EP_DENY_NODE		(1 << 2)	/* do not exempt traffic from the node */
+#define SL_EP_DENY_NODE		(1 << 0)	/* do not exempt traffic from the node */
+
+/* "No policy" (the direction is not isolated) and "no conntrack table". */
+#define SL_NONE			0
 
 /* One pod's node-side veth, keyed by its ifindex. Every address of the pod
  * is also a key of ep_by_ip (address -> ifindex).
+ *
+ * A direction's policy is a policy id: peers[id] and rules[id] hold its rule
+ * set. Ids name rule sets by content (endpoints with equal rule sets share
+ * one pair of inner maps) and are never reused, so switching an endpoint to
+ * another policy is the one write of this entry: a packet sees the old or
+ * the new rule set, never a mix. policy_gen moves on with every such
+ * write; conntrack entries remember the generation that allowed them and
+ * are judged again when it differs.
+ *
+ * The conntrack table is ct_tables[ct_slot]: slots are filled with empty
+ * tables ahead of time (in batches), so attaching an endpoint writes no map
+ * of maps; a slot given back is refilled before it is handed out again.
  */
 struct sl_endpoint {
 	__be32 ip;		/* the pod's first address */
-	__u32 policy_gen;	/* generation whose policy maps are live */
+	__u32 policy_gen;	/* moves on whenever the policy ids or flags change */
 	__u32 flags;		/* SL_EP_* */
-	__u32 pad;
-};
-
-/* Outer key of the per-endpoint policy maps: one inner map per generation
- * and direction, so a whole new rule set becomes live with the one write
- * that moves sl_endpoint.policy_gen.
- */
-struct sl_policy_key {
-	__u32 ifindex;
-	__u32 gen;
-	__u32 dir;
+	__u32 ct_slot;		/* its conntrack table's key in ct_tables */
+	__u32 egress_policy;	/* policy id of its egress; SL_NONE: not isolated */
+	__u32 ingress_policy;	/* policy id of its ingress; SL_NONE: not isolated */
 };
 
 /* Inner LPM: peer prefix -> peer set. A peer set is the set of rule peers
@@ -77,7 +82,7 @@ struct sl_rule {
 	struct sl_port_range ranges[SL_MAX_RANGES];
 };
 
-/* Conntrack: one LRU table per endpoint (ct_tables[ifindex]), so a pod can
+/* Conntrack: one LRU table per endpoint (ct_tables[ct_slot]), so a pod can
  * only ever evict its own entries. A flow is keyed in the direction of its
  * first packet; replies match the reversed key. ICMP echo: a request is
  * (id, 0), its reply (0, id), so only a reply matches a request.
@@ -161,6 +166,28 @@ struct sl_event {
 struct sl_event_budget {
 	__u64 last;
 	__u64 tokens;
+};
+
+/* Userspace bookkeeping, pinned beside the maps so that every writer (the
+ * agent, the plugin, sluicectl) shares it; the programs never read it.
+ *
+ * policy_index: the digest of a compiled rule set -> its policy id, so any
+ * writer finds the id of a rule set that is already installed.
+ */
+struct sl_policy_digest {
+	__u8 bytes[32];		/* SHA-256 of the rule set's map entries */
+};
+
+/* ledger[0]: id counters (ids are never reused) and how many conntrack
+ * tables and policy references were given back since the last reap (the
+ * reaper resets them; writers without a background reaper reap above a
+ * threshold).
+ */
+struct sl_ledger {
+	__u32 next_policy_id;
+	__u32 next_ct_slot;
+	__u32 released_tables;
+	__u32 released_policies;
 };
 
 #endif /* __SLUICE_H__ */

@@ -69,7 +69,7 @@ def forward_to_agent(env: Mapping[str, str], stdin: bytes) -> int | None:
     from cni.agent.client import AgentUnavailable, forward
 
     try:
-        rc, out, err = forward(socket_path, dict(env), stdin)
+        rc, out, err = forward(socket_path, env, stdin)
     except AgentUnavailable:
         return None
     if err:
@@ -80,8 +80,11 @@ def forward_to_agent(env: Mapping[str, str], stdin: bytes) -> int | None:
 
 
 def agent_socket_of(stdin: bytes) -> str | None:
-    """The agent socket the configuration names. Anything unreadable is left to the
-    in-process call, which reports it properly."""
+    """The agent socket the configuration names. Most configurations name none,
+    and then json is not even loaded; anything unreadable is left to the agent,
+    which reports it as the in-process call would."""
+    if b'"agentSocket"' not in stdin:
+        return DEFAULT_AGENT_SOCKET
     import json
 
     try:

@@ -1,14 +1,21 @@
 """Talking to the agent: the plugin's forwarding and sluicectl's requests.
 
-Standard library only (the ``sluice`` executable imports this on every call).
+The forwarding path runs in the ``sluice`` executable on every call, so it
+uses the ``_socket`` built-in directly: the ``socket`` module's Python layer
+imports selectors, collections, enum and more, which would cost more than
+the call itself.
 """
 
 from __future__ import annotations
 
-import socket
-from typing import Any
+import _socket
 
 from cni.agent import wire
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
 
 CONNECT_TIMEOUT = 10.0  # a busy agent accepts late; a missing one fails at once
 
@@ -17,9 +24,9 @@ class AgentUnavailable(Exception):
     """Nobody answers on the socket (no agent, or it died mid-call)."""
 
 
-def call(path: str, request: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
-    """Send one request and return the answer."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+def exchange(path: str, body: bytes, timeout: float | None = None) -> bytes:
+    """Send one frame and return the answer's body."""
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
     try:
         sock.settimeout(CONNECT_TIMEOUT)
         try:
@@ -28,15 +35,30 @@ def call(path: str, request: dict[str, Any], timeout: float | None = None) -> di
             raise AgentUnavailable(f'no agent on "{path}": {err.strerror or err}') from None
         sock.settimeout(timeout)
         try:
-            wire.send(sock, request)
-            return wire.receive(sock, wire.MAX_ANSWER)
+            wire.send_frame(sock, body)
+            return wire.receive_frame(sock, wire.MAX_ANSWER)
         except (OSError, wire.WireError) as err:
             raise AgentUnavailable(f'the agent on "{path}" did not answer: {err}') from None
     finally:
         sock.close()
 
 
-def forward(path: str, env: dict[str, str], stdin: bytes) -> tuple[int, str, str]:
+def forward(path: str, env: Mapping[str, str], stdin: bytes) -> tuple[int, str, str]:
     """Run one CNI call in the agent: (exit code, stdout, stderr)."""
-    answer = call(path, wire.cni_request(env, stdin))
-    return int(answer.get("rc", 1)), str(answer.get("stdout", "")), str(answer.get("stderr", ""))
+    answer = exchange(path, wire.call_frame(env, stdin))
+    try:
+        return wire.parse_answer(answer)
+    except wire.WireError:
+        refusal = answer[:200]
+        raise AgentUnavailable(f'the agent on "{path}" refused the call: {refusal!r}') from None
+
+
+def call(path: str, request: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+    """One of sluicectl's requests (JSON) and its answer."""
+    import json
+
+    body = json.dumps(request, separators=(",", ":")).encode()
+    try:
+        return wire.decode(exchange(path, body, timeout))
+    except wire.WireError as err:
+        raise AgentUnavailable(f'the agent on "{path}" answered garbage: {err}') from None

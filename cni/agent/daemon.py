@@ -2,10 +2,12 @@
 
 Start: the datapath is loaded (compiled only if what is pinned is not this
 build's) and adopted with its live maps, so established flows and installed
-policies keep working through a restart; the endpoints recorded before are
-adopted if their veths still exist; the sources sync; only then is every
-policy recomputed and reinstalled; then the socket opens. SIGTERM and
-SIGINT stop it cleanly: the socket closes, the pinned datapath stays.
+policies keep working through a restart; its reaper starts (it keeps a pool
+of empty conntrack tables stocked and deletes what no endpoint uses any
+more, off the CNI path); the endpoints recorded before are adopted if their
+veths still exist; the sources sync; only then is every policy recomputed
+and reinstalled; then the socket opens. SIGTERM and SIGINT stop it cleanly:
+the socket closes, the pinned datapath stays.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from cni.agent.sources import LocalStore
 from cni.agent.state import AgentState, EndpointRecord
 from cni.datapath import endpoint, loader
 from cni.datapath.maps import Datapath
+from cni.datapath.reaper import Reaper
 from cni.errors import CNIError
 from cni.k8s.api import Api
 from cni.k8s.shard_index import ShardIndex
@@ -97,6 +100,8 @@ class Agent:
             log.info("compiled and pinned the datapath in %s", conf.bpf_dir)
         self._attach_uplinks()
         self.datapath = Datapath(conf.bpf_dir)
+        self.reaper = Reaper(conf.bpf_dir)
+        self.reaper.start()
         self.state = AgentState(conf.state_dir, conf.network)
         from cni.agent import metrics
 
@@ -124,7 +129,7 @@ class Agent:
         self.handlers = Handlers(
             conf, self.enforcer, self.local_store, self.metrics, self.api_source
         )
-        self.server = AgentServer(conf.agent_socket, self.handlers.handle)
+        self.server = AgentServer(conf.agent_socket, self.handlers.handle, self.handlers.cni_call)
         self._serving = threading.Thread(
             target=self.server.serve_forever, name="server", daemon=True
         )
@@ -139,6 +144,7 @@ class Agent:
         if self.api_source is not None:
             self.api_source.stop()
         self.enforcer.stop()
+        self.reaper.stop()
         self.metrics.close()
         self.state.close()
         self.datapath.close()

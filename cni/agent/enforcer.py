@@ -16,11 +16,13 @@ Consistency rules:
 - a new endpoint's policy is installed before its veth is up (the ADD's
   ``before_up`` hook), so no packet crosses it unjudged;
 - every install is a whole generation switched in one map write
-  (``cni.datapath.policy.install``); an endpoint's installs are serialised
-  by its own lock and each computes the policy from the newest state, so a
-  slow install can be overtaken, never reverted;
+  (``cni.datapath.policy.install_many``); an endpoint's installs are
+  serialised by its own lock and each computes the policy from the newest
+  state, so a slow install can be overtaken, never reverted;
 - every change marks the endpoints it may affect; a worker thread
-  reinstalls those whose policy differs from what is installed;
+  reinstalls those whose policy differs from what is installed, the whole
+  batch in one ``install_many`` (rule sets shared by content: the agent's
+  registry compiles each once, and new ones are inserted in one batch);
 - a resolver that lacks part of a pod's inputs (``PolicyIncomplete``: a
   controller's objects not all received) leaves the pod's installed policy
   as it is, and a new endpoint's ADD waits for them.
@@ -28,6 +30,7 @@ Consistency rules:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -60,8 +63,10 @@ class Enforcer:
         node_name: str,
         observe: Callable[[str, float], None] = lambda name, seconds: None,
         index: PodPolicyResolver | None = None,
+        registry: datapath_policy.PolicyRegistry | None = None,
     ) -> None:
         self.datapath = datapath
+        self.registry = registry or datapath_policy.PolicyRegistry()
         self.state = state
         self.node_name = node_name
         self.observe = observe  # (what, seconds): metrics
@@ -224,8 +229,9 @@ class Enforcer:
 
     def enforce_now(self, keys: Iterable[EndpointKey]) -> None:
         """Install these endpoints' policies before returning (``sluicectl apply``)."""
-        for key in sorted(keys):
-            self._enforce(key)
+        _, failed = self._enforce_many(keys)
+        if failed:
+            raise next(iter(failed.values()))
 
     # -- internals -----------------------------------------------------------------------
 
@@ -267,32 +273,77 @@ class Enforcer:
         """Install the endpoint's current policy unless it is installed already. While
         the resolver lacks inputs, keep what the datapath has (``must_install``, a new
         endpoint that has nothing: NotReady)."""
-        with self._endpoint_lock(key):
+        generations, failed = self._enforce_many([key])
+        if key in failed:
+            err = failed[key]
+            if isinstance(err, PolicyIncomplete):
+                if must_install:
+                    raise NotReady(str(err)) from None
+                log.debug("keeping the installed policy of %s: %s", key, err)
+                return self.generations.get(key, 0)
+            raise err
+        return generations.get(key, 0)
+
+    def _enforce_many(
+        self, keys: Iterable[EndpointKey]
+    ) -> tuple[dict[EndpointKey, int], dict[EndpointKey, Exception]]:
+        """Install the current policies of these endpoints (those not installed already)
+        in one batch; return their generations and what failed (those stay dirty)."""
+        keys = sorted(set(keys))
+        generations: dict[EndpointKey, int] = {}
+        failed: dict[EndpointKey, Exception] = {}
+        with contextlib.ExitStack() as held:
+            for key in keys:  # in order: two batches never wait for each other's locks
+                held.enter_context(self._endpoint_lock(key))
+            pending: dict[int, tuple[EndpointKey, EndpointRecord]] = {}
+            desired: dict[int, datapath_policy.EndpointPolicy] = {}
             with self.lock:
-                record = self.endpoints.get(key)
-                if record is None:
-                    return 0
-                self._dirty.discard(key)
-                started = time.perf_counter()
-                try:
-                    desired = self.endpoint_policy(key)
-                except PolicyIncomplete as err:
-                    if must_install:
-                        raise NotReady(str(err)) from None
-                    log.debug("keeping the installed policy of %s: %s", key, err)
-                    return self.generations.get(key, 0)
-                self.observe("compute", time.perf_counter() - started)
-                if self.installed.get(key) == desired:
-                    return self.generations.get(key, 0)
+                for key in keys:
+                    record = self.endpoints.get(key)
+                    if record is None:
+                        continue
+                    self._dirty.discard(key)
+                    started = time.perf_counter()
+                    try:
+                        policy = self.endpoint_policy(key)
+                    except PolicyIncomplete as err:  # keep what is installed
+                        failed[key] = err
+                        generations[key] = self.generations.get(key, 0)
+                        continue
+                    self.observe("compute", time.perf_counter() - started)
+                    if self.installed.get(key) == policy:
+                        generations[key] = self.generations.get(key, 0)
+                        continue
+                    pending[record.ifindex] = (key, record)
+                    desired[record.ifindex] = policy
+            if not pending:
+                return generations, failed
+            rejected: dict[int, datapath_policy.PolicyError] = {}
+            crashed: Exception | None = None
             started = time.perf_counter()
-            generation = datapath_policy.install(self.datapath, record.ifindex, desired)
-            self.observe("install", time.perf_counter() - started)
+            try:
+                installed = datapath_policy.install_many(
+                    self.datapath, desired, self.registry, rejected
+                )
+            except Exception as err:  # the datapath failed: every endpoint stays dirty
+                installed, crashed = {}, err
+            elapsed = time.perf_counter() - started
+            self.observe("install_batch", elapsed)
             with self.lock:
-                if self.endpoints.get(key) == record:
-                    self.installed[key] = desired
-                    self.generations[key] = generation
-            log.debug("installed policy generation %d on %s", generation, record.ifindex)
-            return generation
+                for ifindex, (key, record) in pending.items():
+                    if ifindex not in installed:
+                        failed[key] = rejected.get(ifindex) or crashed or RuntimeError("lost")
+                        if key in self.endpoints:
+                            self._dirty.add(key)
+                        continue
+                    # The batch's time, shared out: what one endpoint's install cost.
+                    self.observe("install", elapsed / len(pending))
+                    if self.endpoints.get(key) == record:
+                        self.installed[key] = desired[ifindex]
+                        self.generations[key] = installed[ifindex]
+                    generations[key] = installed[ifindex]
+        log.debug("installed %d policies in %.1f ms", len(installed), elapsed * 1000)
+        return generations, failed
 
     def _work(self) -> None:
         while True:
@@ -302,14 +353,18 @@ class Enforcer:
                 if self._stopping:
                     return
                 batch = sorted(self._dirty)
-            for key in batch:
-                try:
-                    self._enforce(key)
-                except Exception as err:  # keep going; the endpoint stays dirty
-                    log.error("failed to install the policy of %s: %s", key, err)
-                    with self.lock:
-                        self._dirty.add(key)
-                    time.sleep(0.5)
+            try:
+                _, failed = self._enforce_many(batch)
+            except Exception as err:  # keep going; the endpoints stay dirty
+                failed = dict.fromkeys(batch, err)
+                with self.lock:
+                    self._dirty |= set(batch) & set(self.endpoints)
+            # Incomplete inputs keep the installed policy; their arrival marks the pod again.
+            failed = {k: e for k, e in failed.items() if not isinstance(e, PolicyIncomplete)}
+            for key, err in failed.items():
+                log.error("failed to install the policy of %s: %s", key, err)
+            if failed:
+                time.sleep(0.5)  # they stay dirty: try again, not in a tight loop
 
     # -- views ------------------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """What the agent does for each request on its socket.
 
-``cni``: a CNI call forwarded by the ``sluice`` executable, run exactly as the
+``cni_call``: a CNI call forwarded by the ``sluice`` executable, run exactly as the
 plugin would run it (same parsing, same verbs, same error JSON), with the
 policy hooks: ADD installs the pod's policy before its veth is up, DEL and GC
 forget endpoints, CHECK also compares the installed policy, STATUS also says
@@ -61,7 +61,6 @@ class Handlers:
             return {"error": f"unsupported protocol version {request.get('v')!r}"}
         op = request.get("op")
         handler = {
-            "cni": self.cni,
             "status": self.status,
             "apply": self.apply,
             "delete": self.delete,
@@ -74,20 +73,12 @@ class Handlers:
 
     # -- CNI ------------------------------------------------------------------------------
 
-    def cni(self, request: dict[str, Any]) -> dict[str, Any]:
-        env = request.get("env")
-        if not isinstance(env, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in env.items()
-        ):
-            return {"error": "env must be an object of strings"}
-        try:
-            stdin = wire.cni_stdin(request)
-        except wire.WireError as err:
-            return {"error": str(err)}
+    def cni_call(self, env: dict[str, str], stdin: bytes) -> tuple[int, str, str]:
+        """A CNI call forwarded by the executable: (exit code, stdout, stderr)."""
         started = time.perf_counter()
         rc, out = execute(env, stdin, self._verb)
         self.metrics.cni_call(env.get("CNI_COMMAND", ""), rc, time.perf_counter() - started)
-        return {"rc": rc, "stdout": out, "stderr": ""}
+        return rc, out, ""
 
     def _verb(self, request: Request) -> dict[str, Any] | None:
         conf = netconf.from_request(request)

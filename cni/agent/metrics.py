@@ -3,7 +3,9 @@
 Latencies are observed as they happen (CNI calls by verb and outcome; policy
 compute and install); everything else is read when Prometheus scrapes: the
 IPAM's numbers (as ``sluicectl ipam show`` computes them), the datapath's map
-fill and its per-direction verdict counters.
+fill, its pool of conntrack tables, its per-direction verdict counters, and
+the RCU grace periods the agent's threads waited for (CNI requests should
+wait for none: the reaper and the enforcer's batches do).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from cni.datapath import ctpool, rcu
 from cni.datapath.maps import Datapath
 from cni.netconf import NetConf
 
@@ -131,7 +134,30 @@ class _Scraped(Collector):
         )
         fill.add_metric(["endpoints"], endpoints)
         fill.add_metric(["service_ips"], len(self.datapath.service_ips()))
+        fill.add_metric(["policies"], len(self.datapath.policy_ids()))
+        fill.add_metric(["ct_tables"], len(self.datapath.inner_maps("ct_tables")))
         yield fill
+        pool = GaugeMetricFamily(
+            "sluice_conntrack_pool_tables",
+            "Conntrack tables not in use: free (empty, ready for an ADD) or dirty (given back).",
+            labels=["state"],
+        )
+        pool.add_metric(["free"], len(ctpool.free_tables(self.datapath)))
+        pool.add_metric(["dirty"], len(ctpool.dirty_tables(self.datapath)))
+        yield pool
+        waits = CounterMetricFamily(
+            "sluice_rcu_waits",
+            "RCU grace periods the agent waited for (writes of maps of maps), by thread: "
+            "reaper, enforcer, or requests (CNI calls and sluicectl's).",
+            labels=["thread"],
+        )
+        by_role: dict[str, int] = {"reaper": 0, "enforcer": 0, "requests": 0}
+        for thread, count in rcu.waits_by_thread().items():
+            role = next((r for r in ("reaper", "enforcer") if thread.startswith(r)), "requests")
+            by_role[role] += count
+        for role, count in by_role.items():
+            waits.add_metric([role], count)
+        yield waits
         entries = GaugeMetricFamily(
             "sluice_conntrack_entries",
             "Live entries in an endpoint's conntrack table.",

@@ -11,6 +11,7 @@ one connection is answered (or dropped) without touching the others.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import socket
@@ -29,7 +30,8 @@ REQUEST_DEADLINE = 10.0  # seconds to send a whole request
 MAX_CONCURRENT = 64  # requests served at once; more wait for a slot
 UCRED = struct.Struct("3i")  # pid, uid, gid
 
-Handler = Callable[[dict[str, Any]], dict[str, Any]]
+RequestHandler = Callable[[dict[str, Any]], dict[str, Any]]
+CallHandler = Callable[[dict[str, str], bytes], tuple[int, str, str]]
 
 
 class ServerError(Exception):
@@ -54,20 +56,44 @@ class _Connection(socketserver.BaseRequestHandler):
         with self.server.slots:
             sock.settimeout(REQUEST_DEADLINE)
             try:
-                request = wire.receive(sock, wire.MAX_REQUEST)
+                body = wire.receive_frame(sock, wire.MAX_REQUEST)
+                call = wire.parse_call(body) if wire.is_call(body) else None
+                request = None if call else wire.decode(body)
             except (OSError, wire.WireError) as err:
                 log.warning("bad request from pid %d: %s", pid, err)
                 with contextlib.suppress(OSError):
                     wire.send(sock, {"error": f"bad request: {err}"})
                 return
             sock.settimeout(None)
-            try:
-                answer = self.server.handler(request)
-            except Exception as err:  # a bug in one request must not take the agent down
-                log.exception("request from pid %d failed", pid)
-                answer = {"error": f"internal error: {err!r}"}
+            if call is not None:
+                answer = self._run_call(pid, *call)
+            else:
+                assert request is not None
+                answer = self._run_request(pid, request)
             with contextlib.suppress(OSError):
-                wire.send(sock, answer)
+                wire.send_frame(sock, answer)
+
+    def _run_call(self, pid: int, env: dict[str, str], stdin: bytes) -> bytes:
+        try:
+            rc, out, stderr = self.server.on_call(env, stdin)
+        except Exception as err:  # a bug in one call must not take the agent down
+            # Answered as a refusal, not a CNI result: the executable then runs the
+            # call itself, as when no agent answers.
+            log.exception("CNI call from pid %d failed", pid)
+            return self._encode({"error": f"internal error: {err!r}"})
+        return wire.answer_frame(rc, out, stderr)
+
+    def _run_request(self, pid: int, request: dict[str, Any]) -> bytes:
+        try:
+            answer = self.server.on_request(request)
+        except Exception as err:  # a bug in one request must not take the agent down
+            log.exception("request from pid %d failed", pid)
+            answer = {"error": f"internal error: {err!r}"}
+        return self._encode(answer)
+
+    @staticmethod
+    def _encode(answer: dict[str, Any]) -> bytes:
+        return json.dumps(answer, separators=(",", ":")).encode()
 
 
 class AgentServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
@@ -75,8 +101,9 @@ class AgentServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     allow_reuse_address = False
     request_queue_size = socket.SOMAXCONN  # a burst of pod starts connects at once
 
-    def __init__(self, path: str, handler: Handler) -> None:
-        self.handler = handler
+    def __init__(self, path: str, on_request: RequestHandler, on_call: CallHandler) -> None:
+        self.on_request = on_request
+        self.on_call = on_call
         self.slots = threading.BoundedSemaphore(MAX_CONCURRENT)
         self.path = path
         _prepare_directory(os.path.dirname(path))

@@ -1,50 +1,58 @@
-"""The agent's socket protocol: length-prefixed JSON frames, one request and one
-answer per connection.
+"""The agent's socket protocol: one length-prefixed frame each way per connection.
 
-A frame is a 4-byte big-endian length and that many bytes of UTF-8 JSON.
-Requests carry ``op`` (``cni``, ``apply``, ``delete``, ``get``, ``explain``,
-``status``); a CNI call carries the runtime's environment and its stdin
-(base64, so any bytes survive), and its answer the exit code, stdout and
-stderr the plugin would have produced. Standard library only.
+A frame is a 4-byte big-endian length and that many bytes of body:
+
+- a CNI call (the ``sluice`` executable forwarding a runtime's call): ``C``,
+  the protocol version and the length of the environment (u32 each), the
+  environment as ``KEY=VALUE`` entries each ended by a NUL, then the stdin
+  bytes as they came. Its answer: ``R``, the exit code (i32), the length of
+  stdout (u32), stdout, then stderr. Binary, so that the executable, which
+  runs once per call, needs neither json nor the socket module's Python
+  layer: only the ``_socket`` and ``_struct`` built-ins;
+- anything else (sluicectl's ``status``, ``apply``, ``delete``, ``get``,
+  ``explain``): a UTF-8 JSON object with ``v`` and ``op``, answered by one.
+
+Standard library only; the CNI part only built-in modules.
 """
 
 from __future__ import annotations
 
-import base64
-import json
-import socket
-import struct
-from typing import Any
+import _struct
 
 VERSION = 1
 MAX_REQUEST = 1 << 20  # 1 MiB: a CNI config with a large prevResult fits easily
 MAX_ANSWER = 64 << 20  # listings of many endpoints and policies
-LENGTH = struct.Struct(">I")
+LENGTH = _struct.Struct(">I")
+CALL_HEAD = _struct.Struct(">cII")  # b"C", version, environment length
+ANSWER_HEAD = _struct.Struct(">ciI")  # b"R", exit code, stdout length
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any, Protocol
+
+    class Socket(Protocol):
+        def sendall(self, data: bytes) -> None: ...
+
+        def recv(self, size: int) -> bytes: ...
 
 
 class WireError(Exception):
     """The peer broke the protocol (size, framing, JSON, fields)."""
 
 
-def send(sock: socket.socket, message: dict[str, Any]) -> None:
-    body = json.dumps(message, separators=(",", ":")).encode()
+def send_frame(sock: Socket, body: bytes) -> None:
     sock.sendall(LENGTH.pack(len(body)) + body)
 
 
-def receive(sock: socket.socket, limit: int) -> dict[str, Any]:
+def receive_frame(sock: Socket, limit: int) -> bytes:
     (length,) = LENGTH.unpack(_exactly(sock, LENGTH.size))
     if length > limit:
         raise WireError(f"message of {length} bytes is over the limit of {limit}")
-    try:
-        message = json.loads(_exactly(sock, length))
-    except (UnicodeDecodeError, ValueError) as err:
-        raise WireError(f"message is not JSON: {err}") from None
-    if not isinstance(message, dict):
-        raise WireError("message is not a JSON object")
-    return message
+    return _exactly(sock, length)
 
 
-def _exactly(sock: socket.socket, count: int) -> bytes:
+def _exactly(sock: Socket, count: int) -> bytes:
     chunks = []
     while count:
         chunk = sock.recv(min(count, 1 << 16))
@@ -55,12 +63,74 @@ def _exactly(sock: socket.socket, count: int) -> bytes:
     return b"".join(chunks)
 
 
-def cni_request(env: dict[str, str], stdin: bytes) -> dict[str, Any]:
-    return {"v": VERSION, "op": "cni", "env": env, "stdin": base64.b64encode(stdin).decode()}
+# -- CNI calls ---------------------------------------------------------------------------
 
 
-def cni_stdin(request: dict[str, Any]) -> bytes:
+def call_frame(env: Mapping[str, str], stdin: bytes) -> bytes:
+    entries = b"".join(f"{key}={value}".encode() + b"\0" for key, value in env.items())
+    return CALL_HEAD.pack(b"C", VERSION, len(entries)) + entries + stdin
+
+
+def is_call(body: bytes) -> bool:
+    return body[:1] == b"C"
+
+
+def parse_call(body: bytes) -> tuple[dict[str, str], bytes]:
+    """(environment, stdin) of a CNI call frame."""
+    if len(body) < CALL_HEAD.size:
+        raise WireError("CNI call frame too short")
+    _, version, env_length = CALL_HEAD.unpack_from(body)
+    if version != VERSION:
+        raise WireError(f"unsupported protocol version {version}")
+    start = CALL_HEAD.size
+    if start + env_length > len(body):
+        raise WireError(f"environment of {env_length} bytes overruns the frame")
+    entries = body[start : start + env_length]
+    if entries and not entries.endswith(b"\0"):
+        raise WireError("environment does not end with a NUL")
+    env: dict[str, str] = {}
+    for entry in entries.split(b"\0")[:-1]:
+        key, sep, value = entry.decode(errors="surrogateescape").partition("=")
+        if not sep or not key:
+            raise WireError(f"environment entry {entry[:40]!r} is not KEY=VALUE")
+        env[key] = value
+    return env, body[start + env_length :]
+
+
+def answer_frame(rc: int, stdout: str, stderr: str) -> bytes:
+    out = stdout.encode()
+    return ANSWER_HEAD.pack(b"R", rc, len(out)) + out + stderr.encode()
+
+
+def parse_answer(body: bytes) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of a CNI answer frame."""
+    if body[:1] != b"R" or len(body) < ANSWER_HEAD.size:
+        raise WireError("not a CNI answer")
+    _, rc, out_length = ANSWER_HEAD.unpack_from(body)
+    out_end = ANSWER_HEAD.size + out_length
+    return rc, body[ANSWER_HEAD.size : out_end].decode(), body[out_end:].decode()
+
+
+# -- sluicectl's requests ----------------------------------------------------------------
+
+
+def send(sock: Socket, message: dict[str, Any]) -> None:
+    import json
+
+    send_frame(sock, json.dumps(message, separators=(",", ":")).encode())
+
+
+def receive(sock: Socket, limit: int) -> dict[str, Any]:
+    return decode(receive_frame(sock, limit))
+
+
+def decode(body: bytes) -> dict[str, Any]:
+    import json
+
     try:
-        return base64.b64decode(request.get("stdin", ""), validate=True)
-    except (ValueError, TypeError) as err:
-        raise WireError(f"stdin is not base64: {err}") from None
+        message = json.loads(body)
+    except (UnicodeDecodeError, ValueError) as err:
+        raise WireError(f"message is not JSON: {err}") from None
+    if not isinstance(message, dict):
+        raise WireError("message is not a JSON object")
+    return message

@@ -131,7 +131,13 @@ def show_report(bpf_dir: str) -> dict[str, Any]:
                     "network": owner[0] if owner else None,
                     "containerID": owner[1] if owner else None,
                     "policyGeneration": ep.policy_gen,
-                    "isolated": [d for d, bit in (("egress", 1), ("ingress", 2)) if ep.flags & bit],
+                    "policies": {"egress": ep.egress_policy, "ingress": ep.ingress_policy},
+                    "isolated": [
+                        d
+                        for d, pid in (("egress", ep.egress_policy), ("ingress", ep.ingress_policy))
+                        if pid
+                    ],
+                    "conntrackSlot": ep.ct_slot,
                     "attached": sorted(attached_programs(ipr, ifindex, bpf_dir)) if link else [],
                     "conntrack": None
                     if table is None
@@ -145,7 +151,17 @@ def show_report(bpf_dir: str) -> dict[str, Any]:
                 }
             )
         fill = {}
-        for name in ("endpoints", "ep_by_ip", "service_ips", "peers", "rules", "ct_tables"):
+        for name in (
+            "endpoints",
+            "ep_by_ip",
+            "service_ips",
+            "peers",
+            "rules",
+            "ct_tables",
+            "ct_free",
+            "ct_dirty",
+            "policy_index",
+        ):
             info = bpf.map_info(dp.fd(name))
             fill[name] = {
                 "entries": sum(1 for _ in dp.keys(name, _key_type(name))),
@@ -175,8 +191,8 @@ def _key_type(name: str) -> Any:
 
     from cni.datapath import structs
 
-    if name in ("peers", "rules"):
-        return structs.PolicyKey
+    if name == "policy_index":
+        return structs.PolicyDigest
     return ctypes.c_uint32
 
 

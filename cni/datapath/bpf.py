@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+from typing import Any
 
 SYS_BPF = {"x86_64": 321, "aarch64": 280}[os.uname().machine]
 
@@ -24,6 +25,7 @@ OBJ_GET = 7
 PROG_TEST_RUN = 10
 MAP_GET_FD_BY_ID = 14
 OBJ_GET_INFO_BY_FD = 15
+MAP_LOOKUP_BATCH = 24
 MAP_UPDATE_BATCH = 26
 MAP_DELETE_BATCH = 27
 LINK_CREATE = 28
@@ -338,6 +340,47 @@ def map_delete_batch(fd: int, keys: ctypes.Array) -> int:  # type: ignore[type-a
             deleted += attr.count
             remaining = remaining[attr.count + 1 :]
     return deleted
+
+
+def map_lookup_batch(
+    fd: int,
+    key_type: type[ctypes.Structure] | type[ctypes._SimpleCData],
+    value_type: type[ctypes.Structure] | type[ctypes._SimpleCData],
+    chunk: int = 512,
+) -> list[tuple[Any, Any]]:
+    """Every (key, value) of a hash map, a chunk per system call instead of two calls per
+    element: ints for simple types, structures for structures. For a map of maps the
+    values are the inner maps' ids."""
+    found: list[tuple[Any, Any]] = []
+    # The resume token: a bucket number for hash maps, a key for others.
+    size = max(8, ctypes.sizeof(key_type))
+    token_in, token_out = ctypes.create_string_buffer(size), ctypes.create_string_buffer(size)
+    started = False
+    while True:
+        keys, values = (key_type * chunk)(), (value_type * chunk)()
+        attr = _Batch(
+            in_batch=ctypes.addressof(token_in) if started else 0,
+            out_batch=ctypes.addressof(token_out),
+            keys=ctypes.addressof(keys),
+            values=ctypes.addressof(values),
+            count=chunk,
+            map_fd=fd,
+        )
+        done = False
+        try:
+            _bpf(MAP_LOOKUP_BATCH, attr, "failed to read map elements")
+        except BPFError as err:
+            if err.errno == errno.ENOSPC and attr.count == 0:
+                chunk *= 4  # one bucket holds more elements than a chunk
+                continue
+            if err.errno != errno.ENOENT:
+                raise
+            done = True  # the last chunk (possibly empty)
+        found.extend(zip(keys[: attr.count], values[: attr.count], strict=True))
+        if done:
+            return found
+        ctypes.memmove(token_in, token_out, size)
+        started = True
 
 
 def map_lookup(fd: int, key: ctypes._CData, value: ctypes._CData) -> bool:

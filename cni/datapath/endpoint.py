@@ -1,9 +1,11 @@
 """One pod's datapath: its endpoint entries and the programs on its node-side veth.
 
 ADD registers the endpoint (its addresses, an empty conntrack table of its
-own) and then attaches the pinned programs (tcx ingress of the node-side
-veth: traffic from the pod; tcx egress: traffic to the pod) by the pinned
-programs' fds, before the pod's interface is up. No bcc, no compile.
+own, taken from the pool: ``cni.datapath.ctpool``) and then attaches the
+pinned programs (tcx ingress of the node-side veth: traffic from the pod;
+tcx egress: traffic to the pod) by the pinned programs' fds, before the
+pod's interface is up. No bcc, no compile, and with a stocked pool no write
+of a map of maps (each would cost an RCU grace period).
 
 Attachment uses tcx links (kernel 6.6+): no qdisc, so other tc users such
 as the bandwidth plugin's ingress qdisc keep working, and the programs
@@ -14,7 +16,9 @@ get a clsact qdisc with direct-action filters instead.
 
 Every writer of the pinned state holds ``state_lock(bpfDir)``. Removal goes
 veth first (the caller deletes it), then links and entries, so a pair is
-never up, routed and unfiltered.
+never up, routed and unfiltered. Removal writes plain maps only: the table
+and policy maps the endpoint used are garbage that the reaper
+(``cni.datapath.reaper``) deletes or refills later.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import errno
 import os
 import socket
 
-from cni.datapath import bpf
+from cni.datapath import bpf, ctpool, reaper
 from cni.datapath.lock import state_lock
 from cni.datapath.maps import Datapath, DatapathMissing
 from cni.datapath.structs import Endpoint, ip_be, ip_str
@@ -115,17 +119,29 @@ def attach(
     no_ipv6_from_pod(name)
     try:
         with Datapath(bpf_dir) as datapath:
+            entries = datapath.ct_capacity()
             with state_lock(bpf_dir):
+                slot = ctpool.take(datapath, entries)
+                own_table = slot is None
+                if own_table:
+                    slot = datapath.allocate_ct_slots(1)[0]
+                if datapath.endpoint(ifindex) is not None:
+                    datapath.delete_endpoint(ifindex)  # of an earlier device with this ifindex
                 datapath.set_endpoint(
-                    ifindex, Endpoint(ip=ip_be(pod_ips[0]), policy_gen=0, flags=flags)
+                    ifindex, Endpoint(ip=ip_be(pod_ips[0]), flags=flags, ct_slot=slot)
                 )
                 datapath.set_endpoint_ips(ifindex, pod_ips)
-            # Outside the lock: the kernel waits for an RCU grace period after a
-            # map-in-map update, and concurrent ADDs need not wait for each other's.
-            # The endpoint entry exists and its veth is live, so no sweep removes it.
-            datapath.create_ct_table(ifindex)
-            with state_lock(bpf_dir):
-                attach_programs(ipr, ifindex, name, bpf_dir)
+                datapath.reset_stats(ifindex)
+                if not own_table:
+                    attach_programs(ipr, ifindex, name, bpf_dir)
+            if own_table:
+                # No free table: insert one, outside the lock (a grace period, which
+                # concurrent ADDs wait for at the same time). The entry names the slot
+                # already, so no reaper takes the table for garbage.
+                datapath.insert_tables([slot], entries)
+                with state_lock(bpf_dir):
+                    attach_programs(ipr, ifindex, name, bpf_dir)
+            reaper.table_taken(bpf_dir)
     except (bpf.BPFError, DatapathMissing) as err:
         raise CNIError(ERR_KERNEL, f'failed to attach the datapath to "{name}": {err}') from None
 
@@ -166,13 +182,14 @@ def _unpin_links(bpf_dir: str, ifindex: int, hooks: dict[str, tuple[int, str]]) 
 
 def detach(ifindex: int, bpf_dir: str) -> None:
     """Forget the endpoint and release its links. The caller deletes the veth first,
-    so the pair is gone before its filter is."""
+    so the pair is gone before its filter is. No map of maps is written: what the
+    endpoint used is left to the reaper."""
     try:
         with Datapath(bpf_dir) as datapath:
             with state_lock(bpf_dir):
                 _unpin_links(bpf_dir, ifindex, HOOKS)
-                datapath.delete_endpoint(ifindex, table=False)
-            datapath.drop_ct_table(ifindex)  # outside the lock: an RCU grace period
+                datapath.delete_endpoint(ifindex)
+            reaper.after_release(datapath)
     except DatapathMissing:
         with state_lock(bpf_dir):
             _unpin_links(bpf_dir, ifindex, HOOKS)  # nothing was ever loaded here
@@ -346,7 +363,8 @@ def sweep(bpf_dir: str, live: set[int] | None = None) -> int:
 
     Under the state lock, each candidate is checked again just before it goes
     (``live`` is only a hint), so an endpoint or link a concurrent ADD has just
-    created is never removed, nor the generation an install is building."""
+    created is never removed. Like DEL it writes no map of maps: the tables and
+    policy ids the removed endpoints used are left to the reaper."""
     with state_lock(bpf_dir):
         links_dir = os.path.join(bpf_dir, LINKS)
         if os.path.isdir(links_dir):
@@ -362,16 +380,12 @@ def sweep(bpf_dir: str, live: set[int] | None = None) -> int:
                 for ifindex in gone:
                     datapath.delete_endpoint(ifindex)
                     del known[ifindex]
-                for ifindex, gen, direction in datapath.policy_keys():
-                    ep = known.get(ifindex)
-                    if ep is None or gen not in (ep.policy_gen, (ep.policy_gen + 1) & 0xFFFFFFFF):
-                        datapath.delete_policy_maps(ifindex, gen, direction)
-                for ifindex in datapath.ct_tables():
-                    if ifindex not in known:
-                        datapath.delete_endpoint(ifindex)
                 for ip, ifindex in datapath.endpoint_ips().items():
                     if ifindex not in known:
                         bpf.map_delete(datapath.fd("ep_by_ip"), ctypes.c_uint32(ip_be(ip)))
+                for key in list(datapath.keys("ep_stats", ctypes.c_uint32)):
+                    if key.value not in known:
+                        bpf.map_delete(datapath.fd("ep_stats"), key)
                 return len(gone)
         except DatapathMissing:
             return 0

@@ -4,9 +4,12 @@ Attach, detach, policy install, GC sweep and (re)load all take it, so no
 writer ever sees another's half-done work. It is re-entrant within a
 process (a sweep inside a detach, a switch inside a load) and serialises
 threads too; across processes flock does. Taking it costs two system calls.
-Inserting and dropping an endpoint's conntrack table happen outside it: each
-makes the kernel wait for an RCU grace period (about 10 ms), and the table
-is keyed by the endpoint alone (a sweep keeps the table of a live endpoint).
+Writes of a map of maps make the kernel wait for an RCU grace period (8 to
+16 ms) and are kept out of it where they can be: an ADD that inserts its own
+conntrack table does so outside it, and the reaper holds it only to take
+stock and to mark what it did (``cni.datapath.reaper``). Installing new rule
+sets is the exception: one batch per outer map, under the lock, so that no
+reaper sees them before the endpoints that use them.
 """
 
 from __future__ import annotations

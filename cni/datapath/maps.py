@@ -5,6 +5,10 @@ process that programs them (the plugin, sluicectl, the agent) share them.
 A map is checked when opened: a pinned map whose key or value size is not
 this build's (a datapath pinned by an older sluice) is refused with
 DatapathMismatch, never used with the wrong sizes.
+
+Writes to the maps of maps (``peers``, ``rules``, ``ct_tables``) each cost
+an RCU grace period (``cni.datapath.rcu``): they are made here, in batches
+where they can be, and counted.
 """
 
 from __future__ import annotations
@@ -15,9 +19,11 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from cni.datapath import bpf
+from cni.datapath import bpf, rcu
+from cni.datapath.lock import state_lock
 from cni.datapath.structs import (
     DIRECTIONS,
+    NONE,
     REASONS,
     SVC_CLUSTER_IP,
     Config,
@@ -26,25 +32,31 @@ from cni.datapath.structs import (
     Endpoint,
     EpStats,
     EventBudget,
-    PolicyKey,
+    Ledger,
+    PolicyDigest,
     ip_be,
     ip_str,
 )
 
 U32 = ctypes.sizeof(ctypes.c_uint32)
-# name -> (key size, value size, per-CPU value); the ring buffer has neither.
+# name -> (key size, value size); the ring buffer has neither.
 MAP_LAYOUT = {
     "endpoints": (U32, ctypes.sizeof(Endpoint)),
     "ep_by_ip": (U32, U32),
     "service_ips": (U32, U32),
-    "peers": (ctypes.sizeof(PolicyKey), U32),
-    "rules": (ctypes.sizeof(PolicyKey), U32),
+    "peers": (U32, U32),
+    "rules": (U32, U32),
     "ct_tables": (U32, U32),
     "ep_stats": (U32, ctypes.sizeof(EpStats)),
     "config": (U32, ctypes.sizeof(Config)),
     "counters": (U32, 8),
     "event_budget": (U32, ctypes.sizeof(EventBudget)),
+    "policy_index": (ctypes.sizeof(PolicyDigest), U32),
+    "ct_free": (U32, U32),
+    "ct_dirty": (U32, U32),
+    "ledger": (U32, ctypes.sizeof(Ledger)),
 }
+DEFAULT_CT_ENTRIES = 4096
 MAPS = (*MAP_LAYOUT, "events")
 PROGRAMS = ("from_pod", "to_pod", "uplink")
 
@@ -133,12 +145,8 @@ class Datapath:
         )
 
     def endpoints(self) -> dict[int, Endpoint]:
-        found = {}
-        for key in self.keys("endpoints", ctypes.c_uint32):
-            value = Endpoint()
-            if bpf.map_lookup(self.fd("endpoints"), key, value):
-                found[key.value] = value
-        return found
+        found = bpf.map_lookup_batch(self.fd("endpoints"), ctypes.c_uint32, Endpoint)
+        return dict(found)
 
     def set_endpoint(self, ifindex: int, endpoint: Endpoint) -> None:
         bpf.map_update(self.fd("endpoints"), ctypes.c_uint32(ifindex), endpoint)
@@ -152,51 +160,126 @@ class Datapath:
 
     def endpoint_ips(self, ifindex: int | None = None) -> dict[str, int]:
         """{pod address: ifindex}, of one endpoint or of all."""
-        found = {}
-        for key in self.keys("ep_by_ip", ctypes.c_uint32):
-            owner = ctypes.c_uint32()
-            if bpf.map_lookup(self.fd("ep_by_ip"), key, owner) and ifindex in (None, owner.value):
-                found[ip_str(key.value)] = owner.value
-        return found
+        found = bpf.map_lookup_batch(self.fd("ep_by_ip"), ctypes.c_uint32, ctypes.c_uint32)
+        return {ip_str(key): owner for key, owner in found if ifindex in (None, owner)}
 
-    def delete_endpoint(self, ifindex: int, table: bool = True) -> None:
-        """Remove an endpoint and everything keyed by it: its addresses, policy maps,
-        stats and (unless ``table`` is False: ``drop_ct_table`` later) its conntrack
-        table (one delete, whatever it holds)."""
-        endpoint = self.endpoint(ifindex)
-        bpf.map_delete(self.fd("endpoints"), ctypes.c_uint32(ifindex))
-        for ip in self.endpoint_ips(ifindex):
-            bpf.map_delete(self.fd("ep_by_ip"), ctypes.c_uint32(ip_be(ip)))
-        generations = {0}
-        if endpoint is not None:
-            # The live generation, and the next one in case an install was cut short.
-            generations |= {endpoint.policy_gen, (endpoint.policy_gen + 1) & 0xFFFFFFFF}
-        for gen in generations:
-            for direction in DIRECTIONS:
-                self.delete_policy_maps(ifindex, gen, direction)
-        bpf.map_delete(self.fd("ep_stats"), ctypes.c_uint32(ifindex))
-        if table:
-            self.drop_ct_table(ifindex)
+    def reset_stats(self, ifindex: int) -> None:
+        bpf.map_update(self.fd("ep_stats"), ctypes.c_uint32(ifindex), EpStats())
 
-    def drop_ct_table(self, ifindex: int) -> None:
-        """Forget the endpoint's conntrack table (the kernel waits for an RCU grace
-        period, then frees it)."""
-        bpf.map_delete(self.fd("ct_tables"), ctypes.c_uint32(ifindex))
+    def delete_endpoint(self, ifindex: int) -> Endpoint | None:
+        """Remove an endpoint and everything keyed by it (its entry, addresses and
+        stats); return the entry it had. Its conntrack table is given back (dirty) and
+        its policy references are released: no map of maps is written, so no grace
+        period is waited for; the reaper deletes or refills what nobody uses."""
+        with state_lock(self.bpf_dir):
+            endpoint = self.endpoint(ifindex)
+            bpf.map_delete(self.fd("endpoints"), ctypes.c_uint32(ifindex))
+            for ip in self.endpoint_ips(ifindex):
+                bpf.map_delete(self.fd("ep_by_ip"), ctypes.c_uint32(ip_be(ip)))
+            bpf.map_delete(self.fd("ep_stats"), ctypes.c_uint32(ifindex))
+            if endpoint is not None:
+                self.release(endpoint)
+            return endpoint
 
-    # -- policy maps --------------------------------------------------------------
+    def release(self, endpoint: Endpoint) -> None:
+        """What an endpoint entry that is gone or overwritten held: its conntrack table
+        goes back as dirty (refilled before it is handed out again), its policy ids
+        lose a reference. Call with the state lock held."""
+        if endpoint.ct_slot != NONE:
+            self.give_back_table(endpoint.ct_slot)
+        policies = sum(1 for d in DIRECTIONS if endpoint.policy(d) != NONE)
+        self.count_releases(tables=int(endpoint.ct_slot != NONE), policies=policies)
 
-    def delete_policy_maps(self, ifindex: int, gen: int, direction: int) -> None:
-        key = PolicyKey(ifindex, gen, direction)
-        bpf.map_delete(self.fd("peers"), key)
-        bpf.map_delete(self.fd("rules"), key)
+    # -- the ledger: id counters and release counts --------------------------------------
 
-    def policy_keys(self) -> set[tuple[int, int, int]]:
-        """(ifindex, generation, direction) of every installed policy map."""
-        return {
-            (k.ifindex, k.gen, k.dir)
-            for name in ("peers", "rules")
-            for k in self.keys(name, PolicyKey)
-        }
+    def ledger(self) -> Ledger:
+        value = Ledger()
+        bpf.map_lookup(self.fd("ledger"), ctypes.c_uint32(0), value)
+        return value
+
+    def _allocate(self, counter: str, count: int) -> list[int]:
+        """``count`` ids of a ledger counter that no writer has ever used (0 means none)."""
+        with state_lock(self.bpf_dir):
+            value = self.ledger()
+            first = max(1, getattr(value, counter))
+            setattr(value, counter, first + count)
+            bpf.map_update(self.fd("ledger"), ctypes.c_uint32(0), value)
+        return list(range(first, first + count))
+
+    def allocate_policy_ids(self, count: int) -> list[int]:
+        return self._allocate("next_policy_id", count)
+
+    def allocate_ct_slots(self, count: int) -> list[int]:
+        return self._allocate("next_ct_slot", count)
+
+    def count_releases(self, tables: int = 0, policies: int = 0) -> None:
+        if not (tables or policies):
+            return
+        with state_lock(self.bpf_dir):
+            value = self.ledger()
+            value.released_tables += tables
+            value.released_policies += policies
+            bpf.map_update(self.fd("ledger"), ctypes.c_uint32(0), value)
+
+    def reset_releases(self) -> None:
+        with state_lock(self.bpf_dir):
+            value = self.ledger()
+            value.released_tables = value.released_policies = 0
+            bpf.map_update(self.fd("ledger"), ctypes.c_uint32(0), value)
+
+    # -- maps of maps: every write costs a grace period ------------------------------------
+
+    def _insert_inner(self, outer: str, keys: list[int], fds: list[int]) -> None:
+        """Point ``outer[key]`` at each new inner map in one batch: one grace period."""
+        if not keys:
+            return
+        bpf.map_update_batch(
+            self.fd(outer), (ctypes.c_uint32 * len(keys))(*keys), (ctypes.c_int * len(fds))(*fds)
+        )
+        rcu.count_waits()
+
+    def _delete_inner(self, outer: str, key: int) -> bool:
+        """One grace period if the key was there, none if it was not."""
+        deleted = bpf.map_delete(self.fd(outer), ctypes.c_uint32(key))
+        rcu.count_waits(int(deleted))
+        return deleted
+
+    def inner_maps(self, outer: str) -> dict[int, int]:
+        """{key: inner map id} of a map of maps."""
+        found = bpf.map_lookup_batch(self.fd(outer), ctypes.c_uint32, ctypes.c_uint32)
+        return dict(found)
+
+    # -- policy maps --------------------------------------------------------------------
+
+    def insert_policies(self, ids: list[int], peer_fds: list[int], rule_fds: list[int]) -> None:
+        """Make ``peers[id]`` and ``rules[id]`` the given inner maps: two grace periods,
+        whatever the number of ids."""
+        self._insert_inner("peers", ids, peer_fds)
+        self._insert_inner("rules", ids, rule_fds)
+
+    def delete_policy(self, policy_id: int) -> None:
+        self._delete_inner("peers", policy_id)
+        self._delete_inner("rules", policy_id)
+
+    def policy_ids(self) -> set[int]:
+        """Every policy id that has a peer or a rule map."""
+        return set(self.inner_maps("peers")) | set(self.inner_maps("rules"))
+
+    def policy_index(self) -> dict[bytes, int]:
+        """{rule set digest: policy id}."""
+        found = bpf.map_lookup_batch(self.fd("policy_index"), PolicyDigest, ctypes.c_uint32)
+        return {bytes(key.bytes): policy_id for key, policy_id in found}
+
+    def find_policy(self, digest: bytes) -> int | None:
+        value = ctypes.c_uint32()
+        found = bpf.map_lookup(self.fd("policy_index"), _digest(digest), value)
+        return value.value if found else None
+
+    def index_policy(self, digest: bytes, policy_id: int) -> None:
+        bpf.map_update(self.fd("policy_index"), _digest(digest), ctypes.c_uint32(policy_id))
+
+    def unindex_policy(self, digest: bytes) -> None:
+        bpf.map_delete(self.fd("policy_index"), _digest(digest))
 
     # -- services ---------------------------------------------------------------------
 
@@ -216,26 +299,67 @@ class Datapath:
 
     # -- conntrack ------------------------------------------------------------------------
 
-    def create_ct_table(self, ifindex: int, entries: int | None = None) -> None:
-        """A new, empty conntrack table for the endpoint (replacing any it had)."""
-        size = entries or self.config().ct_per_endpoint or 4096
-        fd = bpf.map_create(
-            bpf.MAP_TYPE_LRU_HASH, ctypes.sizeof(CTKey), ctypes.sizeof(CTEntry), size, 0, "sl_ct"
-        )
+    def ct_capacity(self) -> int:
+        """Entries of each new conntrack table (``conntrackPerEndpoint``)."""
+        return self.config().ct_per_endpoint or DEFAULT_CT_ENTRIES
+
+    def insert_tables(self, slots: list[int], entries: int) -> None:
+        """Fresh, empty tables of ``entries`` entries in these slots (replacing any they
+        had), in one batch: one grace period."""
+        fds: list[int] = []
         try:
-            bpf.map_update(self.fd("ct_tables"), ctypes.c_uint32(ifindex), ctypes.c_int(fd))
+            for _ in slots:
+                fds.append(
+                    bpf.map_create(
+                        bpf.MAP_TYPE_LRU_HASH,
+                        ctypes.sizeof(CTKey),
+                        ctypes.sizeof(CTEntry),
+                        entries,
+                        0,
+                        "sl_ct",
+                    )
+                )
+            self._insert_inner("ct_tables", slots, fds)
         finally:
-            os.close(fd)
-        bpf.map_update(self.fd("ep_stats"), ctypes.c_uint32(ifindex), EpStats())
+            for fd in fds:
+                os.close(fd)
+
+    def delete_table(self, slot: int) -> bool:
+        return self._delete_inner("ct_tables", slot)
+
+    def give_back_table(self, slot: int) -> None:
+        """A table whose endpoint is gone: dirty until the reaper refills or deletes it.
+        Should the record be full (nobody reaps), the table is deleted right away."""
+        try:
+            bpf.map_update(self.fd("ct_dirty"), ctypes.c_uint32(slot), ctypes.c_uint32(0))
+        except bpf.BPFError:
+            self.delete_table(slot)
+
+    def create_ct_table(self, ifindex: int, entries: int | None = None) -> None:
+        """A new, empty conntrack table for the endpoint (replacing any it had; one grace
+        period). An endpoint without a slot gets one of its own first."""
+        with state_lock(self.bpf_dir):
+            endpoint = self.endpoint(ifindex)
+            if endpoint is None:
+                raise DatapathMissing(f"ifindex {ifindex} is not an endpoint")
+            if endpoint.ct_slot == NONE:
+                endpoint.ct_slot = self.allocate_ct_slots(1)[0]
+                self.set_endpoint(ifindex, endpoint)
+        self.insert_tables([endpoint.ct_slot], entries or self.ct_capacity())
+        self.reset_stats(ifindex)
 
     def ct_tables(self) -> list[int]:
-        """ifindexes that have a conntrack table."""
-        return [k.value for k in self.keys("ct_tables", ctypes.c_uint32)]
+        """ifindexes of the endpoints that have a conntrack table."""
+        slots = self.inner_maps("ct_tables")
+        return [i for i, ep in self.endpoints().items() if ep.ct_slot in slots]
 
     def open_ct_table(self, ifindex: int) -> int | None:
         """An fd for the endpoint's conntrack table (the caller closes it)."""
+        endpoint = self.endpoint(ifindex)
         map_id = ctypes.c_uint32()
-        if not bpf.map_lookup(self.fd("ct_tables"), ctypes.c_uint32(ifindex), map_id):
+        if endpoint is None or endpoint.ct_slot == NONE:
+            return None
+        if not bpf.map_lookup(self.fd("ct_tables"), ctypes.c_uint32(endpoint.ct_slot), map_id):
             return None
         return bpf.map_get_fd_by_id(map_id.value)
 
@@ -255,14 +379,18 @@ class Datapath:
             os.close(fd)
 
     def sweep_flows(self, ifindexes: Iterable[int]) -> None:
-        """Forget every flow of these endpoints: each gets a fresh, empty table."""
+        """Forget every flow of these endpoints: each gets a fresh, empty table of the
+        same size (one batch, so one grace period, per size)."""
+        by_size: dict[int, list[int]] = {}
         for ifindex in ifindexes:
             fd = self.open_ct_table(ifindex)
-            if fd is None:
+            endpoint = self.endpoint(ifindex)
+            if fd is None or endpoint is None:
                 continue
-            capacity = bpf.map_info(fd).max_entries
+            by_size.setdefault(bpf.map_info(fd).max_entries, []).append(endpoint.ct_slot)
             os.close(fd)
-            self.create_ct_table(ifindex, capacity)
+        for size, slots in by_size.items():
+            self.insert_tables(slots, size)
 
     def table_fill(self, ifindex: int) -> TableFill | None:
         fd = self.open_ct_table(ifindex)
@@ -303,6 +431,12 @@ class Datapath:
                 bpf.map_lookup(self.fd("counters"), key, values)
                 totals[dir_name][reason] = sum(values)
         return totals
+
+
+def _digest(digest: bytes) -> PolicyDigest:
+    key = PolicyDigest()
+    ctypes.memmove(key.bytes, digest, len(key.bytes))
+    return key
 
 
 def iterate(fd: int, key_type: type[ctypes.Structure] | type[ctypes._SimpleCData]) -> Iterator[Any]:

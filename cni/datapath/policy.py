@@ -1,102 +1,60 @@
-"""Installing an endpoint's policy: complete rule sets, made live in one write.
+"""Installing endpoints' policies: complete rule sets, made live in one write each.
 
-A direction's policy is a list of allow rules, each a set of peers (CIDRs,
-each with exceptions) and a set of ports (protocol with a port, a port
-range, any port, or any protocol). A direction without a policy is not
-isolated: everything passes.
+A direction's policy is a list of allow rules (``cni.datapath.ruleset``
+compiles them); a direction without a policy is not isolated: everything
+passes.
 
-Compilation, per direction:
-- every CIDR and exception becomes a prefix of an LPM trie; the addresses
-  whose longest listed prefix is P are matched by exactly the rules whose
-  peers contain P and do not except it, so P maps to that set of rules (a
-  "peer set"; equal sets share an id, and 0 is "no rule");
-- each peer set gets the union of its rules' ports as hash entries: exact
-  ports, then per protocol an any-port flag and up to 8 ranges, then an
-  any-protocol entry.
+Rule sets are shared by content (``cni.datapath.policies``): an endpoint's
+entry names the policy id of each direction, and endpoints whose direction
+compiles to the same rule set share its id and inner maps. Installing:
 
-Installation builds new inner maps for generation g+1 next to the live
-generation g, then rewrites the endpoint entry with g+1 (one map write: a
-packet sees either the old or the new policy, never a mix), then deletes
-generation g. Flows that conntrack remembers are re-checked against g+1 by
-the datapath on their next packet, so a tightened policy cuts them.
+1. every distinct rule set of the batch is compiled once (the registry
+   caches by content), and the inner maps of those the node does not have
+   yet are built, outside the state lock;
+2. under the state lock, new rule sets get ids and are inserted with one
+   batched update per outer map (two RCU grace periods for the whole
+   batch; none when every rule set is installed already), then each
+   endpoint entry is rewritten with its ids and the next generation: one
+   map write, so a packet sees the old or the new policy, never a mix.
+
+Flows that conntrack remembers are re-checked against the new generation by
+the datapath on their next packet, so a tightened policy cuts them. Ids no
+endpoint references any more are deleted later, off the CNI path, by the
+reaper (``cni.datapath.reaper``).
 """
 
 from __future__ import annotations
 
-import ctypes
-import ipaddress
-import os
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 
-from cni.datapath import bpf
+from cni.datapath import policies, reaper
 from cni.datapath.lock import state_lock
 from cni.datapath.maps import Datapath
-from cni.datapath.structs import (
-    DIR_EGRESS,
-    DIR_INGRESS,
-    EP_DENY_NODE,
-    EP_ISOLATED_EGRESS,
-    EP_ISOLATED_INGRESS,
-    MAX_RANGES,
-    RULE_ANY_PORT,
-    Endpoint,
-    Peer,
-    PeerKey,
-    PolicyKey,
-    PortRange,
-    Rule,
-    RuleKey,
-    ip_be,
-    port_be,
+from cni.datapath.policies import PolicyRegistry
+from cni.datapath.ruleset import (
+    AllowRule,
+    CompiledDirection,
+    PeerCIDR,
+    PolicyError,
+    Ports,
+    compile_direction,
 )
+from cni.datapath.structs import DIRECTIONS, EP_DENY_NODE, NONE, Endpoint
 
-PROTOCOLS = {"tcp": 6, "udp": 17, "sctp": 132, "icmp": 1, "any": 0}
-NO_RULE = 0  # peer set id of addresses no rule matches
-# Ranges a protocol cannot keep in its 8 slots are spelled out, up to this many ports.
-MAX_EXPANDED_PORTS = 4096
-
-
-class PolicyError(ValueError):
-    pass
-
-
-@dataclass(frozen=True)
-class Ports:
-    """A protocol and destination ports: ``first`` and ``last`` both 0 mean any port;
-    ``first`` alone one port; both a range (``first`` 0: the range 0..last)."""
-
-    protocol: str = "tcp"
-    first: int = 0
-    last: int = 0  # 0: same as first
-
-    @property
-    def proto(self) -> int:
-        try:
-            return PROTOCOLS[self.protocol.lower()]
-        except KeyError:
-            raise PolicyError(f"unknown protocol {self.protocol!r}") from None
-
-    @property
-    def span(self) -> tuple[int, int]:
-        last = self.last or self.first
-        if not 0 <= self.first <= last <= 65535:
-            raise PolicyError(f"invalid port range {self.first}-{self.last}")
-        return self.first, last
-
-
-@dataclass(frozen=True)
-class PeerCIDR:
-    cidr: str
-    excepts: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class AllowRule:
-    """Traffic with any of ``peers`` (none: any peer) on any of ``ports`` (none: any)."""
-
-    peers: tuple[PeerCIDR, ...] = ()
-    ports: tuple[Ports, ...] = ()
+__all__ = [
+    "AllowRule",
+    "CompiledDirection",
+    "EndpointPolicy",
+    "PeerCIDR",
+    "PolicyError",
+    "PolicyRegistry",
+    "Ports",
+    "compile_direction",
+    "install",
+    "install_many",
+    "size",
+]
 
 
 @dataclass(frozen=True)
@@ -108,184 +66,97 @@ class EndpointPolicy:
     deny_node: bool = False
 
     def flags(self) -> int:
-        flags = EP_DENY_NODE if self.deny_node else 0
-        if self.ingress is not None:
-            flags |= EP_ISOLATED_INGRESS
-        if self.egress is not None:
-            flags |= EP_ISOLATED_EGRESS
-        return flags
+        return EP_DENY_NODE if self.deny_node else 0
 
 
-@dataclass
-class CompiledDirection:
-    peers: dict[ipaddress.IPv4Network, int] = field(default_factory=dict)
-    rules: dict[tuple[int, int, int], Rule] = field(default_factory=dict)
+def install_many(
+    datapath: Datapath,
+    wanted: Mapping[int, EndpointPolicy],
+    registry: PolicyRegistry | None = None,
+    failed: dict[int, PolicyError] | None = None,
+) -> dict[int, int]:
+    """Make each ``wanted[ifindex]`` that endpoint's live policy; return {ifindex:
+    generation} of those installed.
 
-    @property
-    def size(self) -> int:
-        return len(self.peers) + len(self.rules)
+    An endpoint whose rules do not compile, or that is not an endpoint, is left
+    as it is: with ``failed`` it is reported there, else PolicyError is raised
+    (before anything is written, for rules that do not compile).
+    """
+    registry = registry if registry is not None else PolicyRegistry()
+    contents: dict[bytes, tuple[AllowRule, ...]] = {}
+    digests: dict[int, tuple[bytes | None, bytes | None]] = {}  # (egress, ingress)
+    for ifindex, policy in wanted.items():
+        try:
+            egress = _digest(registry, policy.egress, contents)
+            ingress = _digest(registry, policy.ingress, contents)
+        except PolicyError as err:
+            if failed is None:
+                raise
+            failed[ifindex] = err
+            continue
+        digests[ifindex] = (egress, ingress)
 
-
-def _network(cidr: str) -> ipaddress.IPv4Network:
-    try:
-        return ipaddress.IPv4Network(cidr, strict=False)
-    except ValueError as err:
-        raise PolicyError(f"invalid CIDR {cidr!r}: {err}") from None
-
-
-def _supernets(net: ipaddress.IPv4Network) -> list[tuple[int, int]]:
-    """(address, length) of the network and every network containing it, as integers."""
-    address = int(net.network_address)
-    return [
-        (address & (0xFFFFFFFF << (32 - length)) & 0xFFFFFFFF, length)
-        for length in range(net.prefixlen, -1, -1)
+    # Outside the lock: the inner maps of rule sets the node does not have (as far as
+    # this registry knows, or else the pinned index says).
+    missing = [
+        d for d in contents if registry.known_id(d) is None and datapath.find_policy(d) is None
     ]
-
-
-def _key(net: ipaddress.IPv4Network) -> tuple[int, int]:
-    return int(net.network_address), net.prefixlen
-
-
-def compile_direction(rules: Iterable[AllowRule]) -> CompiledDirection:
-    """Peer prefixes and rule entries for one direction (see the module doc).
-
-    Prefixes are matched to rules through an index of the rules' CIDRs: a
-    prefix looks up its at most 33 enclosing networks, so compiling costs
-    about (prefixes x 33), not (prefixes x rules).
-    """
-    rules = list(rules)
-    by_cidr: dict[tuple[int, int], list[tuple[int, frozenset[tuple[int, int]]]]] = {}
-    prefixes: set[ipaddress.IPv4Network] = set()
-    for index, rule in enumerate(rules):
-        for peer in rule.peers or (PeerCIDR("0.0.0.0/0"),):
-            net = _network(peer.cidr)
-            excepts = [_network(e) for e in peer.excepts]
-            by_cidr.setdefault(_key(net), []).append((index, frozenset(map(_key, excepts))))
-            prefixes.add(net)
-            prefixes.update(excepts)
-
-    compiled = CompiledDirection()
-    set_ids: dict[frozenset[int], int] = {frozenset(): NO_RULE}
-    for prefix in prefixes:
-        enclosing = _supernets(prefix)
-        inside = set(enclosing)
-        members = frozenset(
-            index
-            for net in enclosing
-            for index, excepts in by_cidr.get(net, ())
-            if excepts.isdisjoint(inside)  # no exception of this peer contains the prefix
-        )
-        compiled.peers[prefix] = set_ids.setdefault(members, len(set_ids))
-
-    for members, set_id in set_ids.items():
-        ports = [p for index in members for p in (rules[index].ports or (Ports("any"),))]
-        _add_ports(compiled, set_id, ports)
-    return compiled
-
-
-def _add_ports(compiled: CompiledDirection, set_id: int, ports: list[Ports]) -> None:
-    ranges: dict[int, list[tuple[int, int]]] = {}
-    for port in ports:
-        proto, (first, last) = port.proto, port.span
-        if proto == 0:
-            compiled.rules[(set_id, 0, 0)] = Rule(flags=RULE_ANY_PORT)
-        elif first == 0 and last == 0:
-            compiled.rules[(set_id, proto, 0)] = Rule(flags=RULE_ANY_PORT)
-        elif first == last:
-            compiled.rules[(set_id, proto, first)] = Rule()
-        else:
-            ranges.setdefault(proto, []).append((first, last))
-    for proto, spans in ranges.items():
-        if (set_id, proto, 0) in compiled.rules:
-            continue  # any port already
-        merged = _merge(spans)
-        kept, spelled = merged[:MAX_RANGES], merged[MAX_RANGES:]
-        if sum(last - first + 1 for first, last in spelled) > MAX_EXPANDED_PORTS:
-            raise PolicyError(
-                f"too many port ranges for protocol {proto}: {len(merged)} "
-                f"(at most {MAX_RANGES} plus {MAX_EXPANDED_PORTS} single ports)"
-            )
-        for first, last in spelled:
-            for port in range(first, last + 1):
-                compiled.rules[(set_id, proto, port)] = Rule()
-        rule = Rule(nranges=len(kept))
-        for i, (first, last) in enumerate(kept):
-            rule.ranges[i] = PortRange(first, last)
-        compiled.rules[(set_id, proto, 0)] = rule
-
-
-def _merge(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Overlapping or touching ranges joined, widest first (they get the slots)."""
-    merged: list[list[int]] = []
-    for first, last in sorted(spans):
-        if merged and first <= merged[-1][1] + 1:
-            merged[-1][1] = max(merged[-1][1], last)
-        else:
-            merged.append([first, last])
-    return sorted(((a, b) for a, b in merged), key=lambda s: s[0] - s[1])
-
-
-def _build_maps(compiled: CompiledDirection) -> tuple[int, int]:
-    """New inner maps (peer LPM, rule hash) filled with ``compiled``; the caller closes them."""
-    peer_fd = bpf.map_create(
-        bpf.MAP_TYPE_LPM_TRIE,
-        ctypes.sizeof(PeerKey),
-        ctypes.sizeof(Peer),
-        max(1, len(compiled.peers)),
-        bpf.F_NO_PREALLOC,
-        "sl_peers",
-    )
+    built = policies.build(registry, contents, missing)
+    generations: dict[int, int] = {}
+    missing: dict[int, PolicyError] = {}
     try:
-        rule_fd = bpf.map_create(
-            bpf.MAP_TYPE_HASH,
-            ctypes.sizeof(RuleKey),
-            ctypes.sizeof(Rule),
-            max(1, len(compiled.rules)),
-            bpf.F_NO_PREALLOC,
-            "sl_rules",
-        )
-    except BaseException:
-        os.close(peer_fd)
-        raise
-    for prefix, set_id in compiled.peers.items():
-        key = PeerKey(prefix.prefixlen, ip_be(prefix.network_address))
-        bpf.map_update(peer_fd, key, Peer(set_id))
-    for (set_id, proto, port), rule in compiled.rules.items():
-        bpf.map_update(rule_fd, RuleKey(set_id, port_be(port), proto, 0), rule)
-    return peer_fd, rule_fd
+        with state_lock(datapath.bpf_dir):
+            ids = policies.resolve_ids(datapath, registry, contents, built)
+            released = 0
+            for ifindex, (egress, ingress) in digests.items():
+                current = datapath.endpoint(ifindex)
+                if current is None:
+                    missing[ifindex] = PolicyError(f"ifindex {ifindex} is not an endpoint")
+                    continue
+                new = Endpoint.from_buffer_copy(current)
+                new.flags = wanted[ifindex].flags()
+                new.egress_policy = ids[egress] if egress is not None else NONE
+                new.ingress_policy = ids[ingress] if ingress is not None else NONE
+                if bytes(new) != bytes(current):
+                    # The one write that switches the endpoint to its new policy.
+                    new.policy_gen = (current.policy_gen + 1) & 0xFFFFFFFF
+                    datapath.set_endpoint(ifindex, new)
+                    released += sum(
+                        1 for d in DIRECTIONS if current.policy(d) not in (NONE, new.policy(d))
+                    )
+                generations[ifindex] = new.policy_gen
+            datapath.count_releases(policies=released)
+    finally:
+        policies.close(built)
+        registry.settle(contents)
+    reaper.after_release(datapath)
+    if missing and failed is None:
+        raise next(iter(missing.values()))
+    if failed is not None:
+        failed.update(missing)
+    return generations
 
 
-def install(datapath: Datapath, ifindex: int, policy: EndpointPolicy) -> int:
-    """Make ``policy`` the endpoint's live policy; return its generation.
+def _digest(
+    registry: PolicyRegistry,
+    rules: tuple[AllowRule, ...] | None,
+    contents: dict[bytes, tuple[AllowRule, ...]],
+) -> bytes | None:
+    if rules is None:
+        return None
+    digest = registry.digest(rules)
+    contents.setdefault(digest, rules)
+    return digest
 
-    Compiles first, then holds the datapath's state lock while it builds the
-    next generation, flips the endpoint to it and deletes the old one, so
-    installs, attach, detach and sweeps never interleave.
-    """
-    directions = {DIR_INGRESS: policy.ingress, DIR_EGRESS: policy.egress}
-    compiled = {d: compile_direction(rules) for d, rules in directions.items() if rules is not None}
-    with state_lock(datapath.bpf_dir):
-        current = datapath.endpoint(ifindex)
-        if current is None:
-            raise PolicyError(f"ifindex {ifindex} is not an endpoint")
-        old_gen = current.policy_gen
-        gen = (old_gen + 1) & 0xFFFFFFFF
-        for direction, tables in compiled.items():
-            peer_fd, rule_fd = _build_maps(tables)
-            try:
-                key = PolicyKey(ifindex, gen, direction)
-                bpf.map_update(datapath.fd("peers"), key, ctypes.c_int(peer_fd))
-                bpf.map_update(datapath.fd("rules"), key, ctypes.c_int(rule_fd))
-            finally:
-                os.close(peer_fd)
-                os.close(rule_fd)
-        # The one write that switches the endpoint to the new generation.
-        datapath.set_endpoint(
-            ifindex, Endpoint(ip=current.ip, policy_gen=gen, flags=policy.flags())
-        )
-        for direction in (DIR_INGRESS, DIR_EGRESS):
-            datapath.delete_policy_maps(ifindex, old_gen, direction)
-    return gen
+
+def install(
+    datapath: Datapath,
+    ifindex: int,
+    policy: EndpointPolicy,
+    registry: PolicyRegistry | None = None,
+) -> int:
+    """Make ``policy`` the endpoint's live policy; return its generation."""
+    return install_many(datapath, {ifindex: policy}, registry)[ifindex]
 
 
 def size(policy: EndpointPolicy) -> int:

@@ -16,9 +16,9 @@ DIRECTIONS = {int(d): d.label for d in Direction}
 # Counter and drop reasons, in the order of their values.
 REASONS = tuple(r.label for r in Reason)
 
-EP_ISOLATED_EGRESS = 1 << 0
-EP_ISOLATED_INGRESS = 1 << 1
-EP_DENY_NODE = 1 << 2
+EP_DENY_NODE = 1 << 0
+
+NONE = 0  # no policy (the direction is not isolated), no conntrack slot
 
 RULE_ANY_PORT = 1 << 0
 MAX_RANGES = 8
@@ -56,11 +56,18 @@ def port_host(value: int) -> int:
 
 
 class Endpoint(ctypes.Structure):
-    _fields_ = [("ip", u32), ("policy_gen", u32), ("flags", u32), ("pad", u32)]
+    _fields_ = [
+        ("ip", u32),
+        ("policy_gen", u32),
+        ("flags", u32),
+        ("ct_slot", u32),
+        ("egress_policy", u32),
+        ("ingress_policy", u32),
+    ]
 
-
-class PolicyKey(ctypes.Structure):
-    _fields_ = [("ifindex", u32), ("gen", u32), ("dir", u32)]
+    def policy(self, direction: int) -> int:
+        """The policy id of a direction (NONE: not isolated)."""
+        return self.egress_policy if direction == DIR_EGRESS else self.ingress_policy
 
 
 class PeerKey(ctypes.Structure):
@@ -147,10 +154,22 @@ class EventBudget(ctypes.Structure):
     _fields_ = [("last", u64), ("tokens", u64)]
 
 
+class PolicyDigest(ctypes.Structure):
+    _fields_ = [("bytes", u8 * 32)]
+
+
+class Ledger(ctypes.Structure):
+    _fields_ = [
+        ("next_policy_id", u32),
+        ("next_ct_slot", u32),
+        ("released_tables", u32),
+        ("released_policies", u32),
+    ]
+
+
 # Every struct with its C name, for the layout test.
 MIRRORS = {
     "sl_endpoint": Endpoint,
-    "sl_policy_key": PolicyKey,
     "sl_peer_key": PeerKey,
     "sl_peer": Peer,
     "sl_rule_key": RuleKey,
@@ -162,4 +181,6 @@ MIRRORS = {
     "sl_config": Config,
     "sl_event": Event,
     "sl_event_budget": EventBudget,
+    "sl_policy_digest": PolicyDigest,
+    "sl_ledger": Ledger,
 }

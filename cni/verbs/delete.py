@@ -9,14 +9,18 @@ address is never free while a route to it still exists.
 
 from __future__ import annotations
 
+import logging
+
 from cni import ipam_client, wiring
 from cni.attachment import Attachment, parse_alias
-from cni.net import link, masq
+from cni.net import conntrack, link, masq
 from cni.net.netlink import Rtnl, node_socket
 from cni.netconf import NetConf
 from cni.protocol import Request, prev_result
 from cni.result import Result
 from cni.verbs import load_conf
+
+log = logging.getLogger("sluice")
 
 
 def run(request: Request) -> None:
@@ -49,7 +53,17 @@ def _delete(
         ips.update(ip for ip in prev_ips(prev, attachment) if not _routed_elsewhere(node, ip))
     if conf.ip_masq:
         masq.remove(conf.network, sorted(ips))
+    forget_connections(sorted(ips))
     ipam.delete(attachment)
+
+
+def forget_connections(ips: list[str]) -> None:
+    """The kernel's conntrack entries of the pod's addresses go before the addresses
+    do, so none applies to the pod that gets one next."""
+    try:
+        conntrack.forget(ips)
+    except OSError as err:  # DEL must not fail over what a later DEL cannot fix either
+        log.warning("failed to forget the connections of %s: %s", ips, err)
 
 
 def _routed_elsewhere(node: Rtnl, ip: str) -> bool:

@@ -3,8 +3,10 @@
 Node-side veths are found by their alias, addresses by the IPAM store (or the
 delegated IPAM's own GC), and the masquerade set is rebuilt from the veths
 that remain. The datapath forgets endpoints (and their policies and flows)
-whose veth is gone, whatever network they belonged to. Every step runs even
-if another fails; the errors are reported together.
+whose veth is gone, whatever network they belonged to, and reaps what no
+endpoint uses any more (in the agent: its reaper thread does, in the
+background). Every step runs even if another fails; the errors are
+reported together.
 """
 
 from __future__ import annotations
@@ -13,13 +15,15 @@ import logging
 from collections.abc import Callable
 
 from cni import ipam_client, wiring
-from cni.datapath import endpoint
-from cni.errors import CNIError
+from cni.datapath import bpf, endpoint, reaper
+from cni.datapath.maps import Datapath, DatapathMissing
+from cni.errors import ERR_KERNEL, CNIError
 from cni.net import masq
 from cni.net.netlink import node_socket
 from cni.netconf import NetConf
 from cni.protocol import Request, valid_attachments
 from cni.verbs import load_conf
+from cni.verbs.delete import forget_connections
 
 log = logging.getLogger("sluice")
 
@@ -32,20 +36,24 @@ def run(request: Request) -> None:
 def gc(conf: NetConf, valid: set[tuple[str, str]]) -> None:
     errors: list[CNIError] = []
     remaining_ips: list[str] = []
+    gone_ips: list[str] = []
     with node_socket() as node:
         for key, veth in wiring.node_veths(node, conf.network).items():
             if key in valid:
                 remaining_ips += wiring.node_routed_ips(node, veth)
                 continue
             try:
+                gone_ips += wiring.node_routed_ips(node, veth)
                 wiring.unwire(node, veth, conf.bpf_dir)
                 log.info("gc: removed veth %s of %s/%s", veth.name, *key)
             except CNIError as err:
                 errors.append(err)
     steps: list[Callable[[], None]] = [
+        lambda: forget_connections(gone_ips),
         lambda: _ipam_gc(conf, valid),
         lambda: _resync_masquerade(conf, remaining_ips),
         lambda: endpoint.sweep(conf.bpf_dir, endpoint.live_ifindexes()),
+        lambda: _reap(conf),
     ]
     for step in steps:
         try:
@@ -59,6 +67,16 @@ def gc(conf: NetConf, valid: set[tuple[str, str]]) -> None:
 def _ipam_gc(conf: NetConf, valid: set[tuple[str, str]]) -> None:
     with ipam_client.client(conf.ipam, conf.cni_version) as ipam:
         ipam.gc(valid)
+
+
+def _reap(conf: NetConf) -> None:
+    try:
+        with Datapath(conf.bpf_dir) as datapath:
+            reaper.collect(datapath)
+    except DatapathMissing:
+        return  # nothing was ever loaded here
+    except bpf.BPFError as err:
+        raise CNIError(ERR_KERNEL, f"failed to reap the datapath's garbage: {err}") from None
 
 
 def _resync_masquerade(conf: NetConf, remaining_ips: list[str]) -> None:

@@ -33,6 +33,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import ssl
 import subprocess
@@ -612,6 +613,19 @@ class Cluster:
         if wait_ready:
             self._wait(self.sluice_ready, "sluicectl status to report the node ready", 120)
         return record
+
+    def stop_agent(self, crash: bool = False) -> None:
+        """Stop the node agent: SIGTERM, or SIGKILL as a crash would."""
+        record = self.state.processes.pop("sluice-agent")
+        self._save_state()
+        if crash:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(record.pid, signal.SIGKILL)
+        self._daemons.stop(record)
+
+    def start_agent(self) -> None:
+        """Start the node agent again (after ``stop_agent``) and wait until it serves."""
+        self._start_agent()
 
     def sluice_ready(self) -> bool:
         """`sluicectl status`: an ADD can be served now (with "enforce": the agent is up)."""

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from cni.agent import wire
+from cni.agent.client import forward
 from tests.support.agent import (
     AgentNetwork,
     PolicyPod,
@@ -182,8 +183,13 @@ def test_the_socket_is_root_only_and_checks_peer_credentials(bin_dir: Path) -> N
         (struct.pack(">I", wire.MAX_REQUEST + 1) + b"x" * 64, "over the limit"),
         (frame(b'{"v": 2, "op": "status"}'), "protocol version"),
         (frame(b'{"v": 1, "op": "reboot"}'), "unknown op"),
-        (frame(b'{"v": 1, "op": "cni", "env": {"CNI_COMMAND": 1}, "stdin": ""}'), "env"),
-        (frame(b'{"v": 1, "op": "cni", "env": {}, "stdin": "%%%"}'), "base64"),
+        (frame(b'{"v": 1, "op": "cni", "env": {}, "stdin": ""}'), "unknown op"),
+        (frame(b"C\x00"), "too short"),
+        (frame(struct.pack(">cII", b"C", 9, 0)), "protocol version"),
+        (frame(struct.pack(">cII", b"C", 1, 1000) + b"CNI_COMMAND=ADD\0"), "overruns"),
+        (frame(struct.pack(">cII", b"C", 1, 8) + b"NOEQUAL\0{}"), "not KEY=VALUE"),
+        (frame(struct.pack(">cII", b"C", 1, 5) + b"=ADD\0{}"), "not KEY=VALUE"),
+        (frame(struct.pack(">cII", b"C", 1, 3) + b"A=B\0{}"), "end with a NUL"),
         (frame(b'{"v": 1, "op": "apply", "manifest": 7}'), "manifest"),
         (frame(b'{"v": 1, "op": "explain", "pod": "no-slash"}'), "NAMESPACE/NAME"),
         (b"\x00\x00", None),  # a truncated header: no answer
@@ -216,8 +222,8 @@ def test_a_cni_call_with_hostile_input_gets_the_cni_error(net: AgentNetwork) -> 
             4,
         ),
     ):
-        answer = net.ask(wire.cni_request(env, stdin))
-        assert answer["rc"] == 1 and json.loads(answer["stdout"])["code"] == code, answer
+        rc, out, _ = forward(net.socket, env, stdin)
+        assert rc == 1 and json.loads(out)["code"] == code, out
 
 
 # -- no window, restarts, concurrency ------------------------------------------------------

@@ -323,7 +323,8 @@ def test_one_pod_cannot_evict_another_pods_flows(bench: Bench) -> None:
 
 def test_no_endpoint_or_no_table_fails_closed(bench: Bench) -> None:
     frame = pk.eth(pk.ipv4(A_IP, PEER, 17, pk.udp(4000, 53)))
-    bpf.map_delete(bench.dp.fd("ct_tables"), ctypes.c_uint32(bench.a))
+    slot = bench.dp.endpoint(bench.a).ct_slot  # type: ignore[union-attr]
+    bpf.map_delete(bench.dp.fd("ct_tables"), ctypes.c_uint32(slot))
     assert bench.out_of(bench.a, frame) == DROP
     bench.dp.delete_endpoint(bench.a)
     assert bench.out_of(bench.a, frame) == DROP

@@ -495,9 +495,10 @@ def test_del_leaves_no_stale_entries(network: Network, pods: PodNamespaces, dp: 
 
     def entries() -> dict[str, bool]:
         """Each kind of state the endpoint has in the datapath: present or not."""
+        ep = dp.endpoint(ifindex)
         return {
-            "endpoint": dp.endpoint(ifindex) is not None,
-            "policy maps": any(key[0] == ifindex for key in dp.policy_keys()),
+            "endpoint": ep is not None,
+            "policy maps": ep is not None and ep.ingress_policy in dp.policy_ids(),
             "conntrack table": ifindex in dp.ct_tables(),
             "address": ifindex in dp.endpoint_ips().values(),
             "links": any(Path(link_path(TEST_BPF_DIR, ifindex, p)).exists() for p in HOOKS),

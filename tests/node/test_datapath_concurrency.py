@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from cni.datapath import bpf, endpoint
+from cni.datapath import bpf, ctpool, endpoint
 from cni.datapath import policy as P
 from cni.datapath.maps import Datapath
 from cni.datapath.policy import PolicyError
@@ -147,7 +147,7 @@ def check_state(live: dict[str, tuple[str, int]], installed: dict[int, int]) -> 
     alive = endpoint.live_ifindexes()
     with Datapath(TEST_BPF_DIR) as dp:
         endpoints = dp.endpoints()
-        policy_keys = dp.policy_keys()
+        policy_ids = dp.policy_ids()
         for cid, (_, ifindex) in live.items():
             ep = endpoints.get(ifindex)
             assert ep is not None, f"{cid} has no endpoint"
@@ -162,14 +162,17 @@ def check_state(live: dict[str, tuple[str, int]], installed: dict[int, int]) -> 
             if ifindex in installed:
                 gen = installed[ifindex]
                 assert ep.policy_gen == gen, f"{cid}: generation {ep.policy_gen}, not {gen}"
-                assert (ifindex, gen, 1) in policy_keys, f"{cid}: its live policy maps are gone"
-        # Nothing of a gone veth.
+                assert ep.ingress_policy in policy_ids, f"{cid}: its live policy maps are gone"
+        # Nothing of a gone veth, and no garbage after the last GC's reap.
         links = Path(TEST_BPF_DIR, endpoint.LINKS)
         for pin in links.iterdir() if links.exists() else ():
             assert int(pin.name.split("_")[0]) in alive, f"stale link pin {pin.name}"
         assert set(endpoints) <= alive, "endpoints of gone veths"
         assert set(dp.ct_tables()) <= alive, "conntrack tables of gone veths"
         assert set(dp.endpoint_ips().values()) <= alive, "addresses of gone veths"
-        for ifindex, gen, _ in policy_keys:
-            assert ifindex in endpoints, f"policy maps of gone endpoint {ifindex}"
-            assert gen in (endpoints[ifindex].policy_gen, endpoints[ifindex].policy_gen + 1)
+        referenced = {ep.policy(d) for ep in endpoints.values() for d in (0, 1)} - {0}
+        assert policy_ids == referenced, "policy maps no endpoint uses, or missing ones"
+        slots = set(dp.inner_maps("ct_tables"))
+        in_use = {ep.ct_slot for ep in endpoints.values()}
+        assert slots == in_use | set(ctpool.free_tables(dp)), "tables neither in use nor free"
+        assert not ctpool.dirty_tables(dp), "dirty tables left after GC"

@@ -1,0 +1,277 @@
+"""The reaper: deletes what no packet can reach any more, and keeps the pool of
+empty conntrack tables stocked, off the CNI path.
+
+DEL deletes an endpoint's entry and addresses (plain hash maps, no wait):
+from then on no program reaches its policy maps or its table. What is left
+is garbage in the maps of maps, whose every delete costs an RCU grace
+period: conntrack tables given back (dirty), policy ids no endpoint
+references, and leftovers of writers that died midway. A pass:
+
+1. under the state lock, a snapshot: the slots and policy ids the endpoint
+   entries name, the free and dirty tables, the policy index. Unreferenced
+   policy ids leave the index there and then, so no installer picks them up
+   again; release counts are reset;
+2. one grace period (``rcu.wait_for_readers``): a packet that read an
+   endpoint entry before the snapshot, and may still use its slot or policy
+   ids, has finished;
+3. dirty tables are replaced by empty ones up to the pool's target (and, for
+   the agent, new slots are added for what is still missing), in one batch:
+   one grace period; then, under the state lock, they are free;
+4. the other dirty tables and the unreferenced policy ids are deleted, from
+   several threads at once so that their grace periods overlap.
+
+Nothing is ever deleted that an endpoint entry names, nor a free table: the
+snapshot is taken under the state lock, and tables are handed out and ids
+installed under it too. Reapers run one at a time (a flock on
+``<bpfDir>/reaper``, held for the pass, not the state lock), so two never
+refill the same slot; a reaper that dies midway leaves its work to the next.
+
+Who reaps: the agent runs a ``Reaper`` thread (after every release, and a
+full pass now and then); a process without one (the plugin in-process,
+sluicectl, tests) reaps when the ledger's release counts pass a threshold,
+and GC does a full pass. So garbage never fills a map: the outer maps are
+sized with room for it (bpf/maps.h).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from cni.datapath import ctpool, rcu
+from cni.datapath.lock import state_lock
+from cni.datapath.maps import Datapath
+from cni.datapath.structs import NONE
+
+log = logging.getLogger("sluice")
+
+REAPER_DIR = "reaper"
+POOL_TARGET = 16  # empty tables kept ready (each costs its LRU's memory, ~0.4 MB at 4096)
+TABLES_THRESHOLD = 32  # without a reaper thread, reap once this many tables were given back
+POLICIES_THRESHOLD = 64  # ... or this many policy references were dropped
+POLL_SECONDS = 1.0  # the thread looks at the ledger this often when nobody kicks it
+FULL_SECONDS = 60.0  # and looks for leftovers this often
+DELETERS = 16  # threads deleting at once (their grace periods overlap)
+
+
+@dataclass
+class Reaped:
+    """What one pass did."""
+
+    refilled: int = 0  # dirty tables replaced by empty ones, now free
+    added: int = 0  # new slots with empty tables, now free
+    tables_deleted: int = 0
+    policies_deleted: int = 0
+
+    def __bool__(self) -> bool:
+        return any((self.refilled, self.added, self.tables_deleted, self.policies_deleted))
+
+
+@contextlib.contextmanager
+def reaper_lock(bpf_dir: str, block: bool = True) -> Iterator[bool]:
+    """Exclusive among reapers of every process; yields False when ``block`` is False
+    and another reaper is at work."""
+    path = os.path.join(bpf_dir, REAPER_DIR)
+    os.makedirs(path, exist_ok=True)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if block else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
+
+
+def reap(
+    datapath: Datapath,
+    pool: int = POOL_TARGET,
+    stock: bool = False,
+    full: bool = False,
+    block: bool = True,
+) -> Reaped | None:
+    """One pass (see the module doc); None if ``block`` is False and another reaper is
+    at work. ``pool``: free tables to keep, refilled from dirty ones; ``stock``: add new
+    slots when dirty ones do not suffice; ``full``: also look for leftovers (every slot
+    of ct_tables, every id of peers and rules), not only what was given back."""
+    datapath.fd("ct_tables")  # DatapathMissing before any lock directory is made
+    with reaper_lock(datapath.bpf_dir, block) as mine:
+        if not mine:
+            return None
+        return _pass(datapath, pool, stock, full)
+
+
+def _pass(datapath: Datapath, pool: int, stock: bool, full: bool) -> Reaped:
+    entries = datapath.ct_capacity()
+    with state_lock(datapath.bpf_dir):
+        endpoints = datapath.endpoints().values()
+        used_slots = {ep.ct_slot for ep in endpoints}
+        used_ids = {ep.egress_policy for ep in endpoints} | {ep.ingress_policy for ep in endpoints}
+        free = ctpool.free_tables(datapath)
+        dirty = ctpool.dirty_tables(datapath)
+        if full:
+            dirty |= set(datapath.inner_maps("ct_tables")) - used_slots - set(free)
+        resized = [slot for slot, size in free.items() if size != entries]
+        for slot in resized:
+            del free[slot]
+        dirty = (dirty | set(resized)) - used_slots - {NONE}
+        ctpool.unmark(datapath, resized)  # dirty from now on, for a pass that dies midway
+        for slot in resized:
+            datapath.give_back_table(slot)
+        index = datapath.policy_index()
+        ids = set(index.values())
+        if full:
+            existing = datapath.policy_ids()
+            ids |= existing
+            stale = {digest for digest, pid in index.items() if pid not in existing}
+        else:
+            stale = set()
+        doomed = ids - used_ids - {NONE}
+        for digest, policy_id in index.items():
+            if policy_id in doomed or digest in stale:
+                datapath.unindex_policy(digest)
+        datapath.reset_releases()
+        wanted = max(0, pool - len(free))
+        refill = sorted(dirty)[:wanted]
+        delete = sorted(dirty)[wanted:]
+        added = datapath.allocate_ct_slots(wanted - len(refill)) if stock else []
+
+    reaped = Reaped()
+    if dirty or doomed:
+        _grace(datapath)
+    if refill or added:
+        datapath.insert_tables(refill + added, entries)
+        with state_lock(datapath.bpf_dir):
+            ctpool.mark_free(datapath, refill + added, entries)
+        reaped.refilled, reaped.added = len(refill), len(added)
+    if delete or doomed:
+        _in_parallel(
+            [lambda slot=slot: datapath.delete_table(slot) for slot in delete]
+            + [lambda pid=pid: datapath.delete_policy(pid) for pid in doomed]
+        )
+        with state_lock(datapath.bpf_dir):
+            ctpool.unmark(datapath, delete)
+        reaped.tables_deleted, reaped.policies_deleted = len(delete), len(doomed)
+    return reaped
+
+
+def _grace(datapath: Datapath) -> None:
+    """Wait until no program still runs that started before the call."""
+    if rcu.wait_for_readers():
+        return
+    # No membarrier here: a write of a map of maps waits for a grace period too.
+    # Slot 0 means "no table", so no endpoint ever reaches this one.
+    datapath.insert_tables([NONE], 1)
+    datapath.delete_table(NONE)
+
+
+def _in_parallel(calls: list[Callable[[], object]]) -> None:
+    if len(calls) == 1:
+        calls[0]()
+        return
+    from concurrent.futures import ThreadPoolExecutor  # only reapers need it
+
+    name = f"{threading.current_thread().name}-deleter"  # its waits count as its caller's
+    with ThreadPoolExecutor(min(DELETERS, len(calls)), thread_name_prefix=name) as workers:
+        for done in [workers.submit(call) for call in calls]:
+            done.result()
+
+
+# -- who reaps ------------------------------------------------------------------------------
+
+_guard = threading.Lock()
+_threads: dict[str, Reaper] = {}  # bpf_dir -> the reaper thread of this process
+
+
+def after_release(datapath: Datapath) -> None:
+    """Something was given back: wake this process's reaper thread, or, without one,
+    reap now if the ledger says enough has piled up (and no other reaper is at work)."""
+    with _guard:
+        thread = _threads.get(datapath.bpf_dir)
+    if thread is not None:
+        thread.kick()
+        return
+    ledger = datapath.ledger()
+    if ledger.released_tables >= TABLES_THRESHOLD or ledger.released_policies >= POLICIES_THRESHOLD:
+        reap(datapath, block=False)
+
+
+def table_taken(bpf_dir: str) -> None:
+    """A free table was handed out: let this process's reaper thread refill the pool."""
+    with _guard:
+        thread = _threads.get(bpf_dir)
+    if thread is not None:
+        thread.kick()
+
+
+def collect(datapath: Datapath) -> Reaped | None:
+    """GC's part: a full pass, by this process's reaper thread if it has one."""
+    with _guard:
+        thread = _threads.get(datapath.bpf_dir)
+    if thread is not None:
+        thread.kick(full=True)
+        return None
+    return reap(datapath, full=True)
+
+
+class Reaper:
+    """A thread that reaps after every release and keeps ``pool`` empty tables ready
+    (the agent runs one for its lifetime)."""
+
+    def __init__(self, bpf_dir: str, pool: int = POOL_TARGET) -> None:
+        self.bpf_dir = bpf_dir
+        self.pool = pool
+        self._wake = threading.Event()
+        self._stopping = False
+        self._full = True  # the first pass looks for everything
+        self._thread = threading.Thread(target=self._run, name="reaper", daemon=True)
+
+    def start(self) -> None:
+        with _guard:
+            _threads[self.bpf_dir] = self
+        self._thread.start()
+
+    def stop(self) -> None:
+        with _guard:
+            if _threads.get(self.bpf_dir) is self:
+                del _threads[self.bpf_dir]
+        self._stopping = True
+        self._wake.set()
+        self._thread.join(timeout=30)
+
+    def kick(self, full: bool = False) -> None:
+        self._full = self._full or full
+        self._wake.set()
+
+    def _run(self) -> None:
+        last_full = 0.0
+        with Datapath(self.bpf_dir) as datapath:
+            while not self._stopping:
+                self._wake.clear()
+                full = self._full or time.monotonic() - last_full > FULL_SECONDS
+                try:
+                    if full or self._due(datapath):
+                        self._full = False
+                        reaped = reap(datapath, self.pool, stock=True, full=full)
+                        if full:
+                            last_full = time.monotonic()
+                        if reaped:
+                            log.debug("reaper: %s", reaped)
+                except Exception:  # keep going: the next pass picks up what this one left
+                    log.exception("reaper pass failed")
+                    time.sleep(1)
+                self._wake.wait(POLL_SECONDS)
+
+    def _due(self, datapath: Datapath) -> bool:
+        ledger = datapath.ledger()
+        if ledger.released_tables or ledger.released_policies:
+            return True
+        return len(ctpool.free_tables(datapath)) < self.pool
