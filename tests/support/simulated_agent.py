@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -58,19 +58,25 @@ class RecordingDatapath:
         pass
 
 
-def _recording_install(datapath: RecordingDatapath, ifindex: int, policy: EndpointPolicy) -> int:
-    return datapath.install(ifindex, policy)
+def _recording_install_many(
+    datapath: RecordingDatapath,
+    wanted: Mapping[int, EndpointPolicy],
+    registry: object = None,
+    failed: object = None,
+) -> dict[int, int]:
+    """``cni.datapath.policy.install_many`` into a RecordingDatapath."""
+    return {ifindex: datapath.install(ifindex, policy) for ifindex, policy in wanted.items()}
 
 
 @contextmanager
 def recorded_installs() -> Iterator[None]:
     """Enforcers install into their RecordingDatapath while this lasts (process-wide)."""
-    real = enforcer_module.datapath_policy.install
-    enforcer_module.datapath_policy.install = _recording_install  # type: ignore[assignment]
+    real = enforcer_module.datapath_policy.install_many
+    enforcer_module.datapath_policy.install_many = _recording_install_many  # type: ignore[assignment]
     try:
         yield
     finally:
-        enforcer_module.datapath_policy.install = real  # type: ignore[assignment]
+        enforcer_module.datapath_policy.install_many = real  # type: ignore[assignment]
 
 
 class NullState:
