@@ -228,10 +228,12 @@ class Enforcer:
             return self.index.resolve(record.pod).endpoint
 
     def enforce_now(self, keys: Iterable[EndpointKey]) -> None:
-        """Install these endpoints' policies before returning (``sluicectl apply``)."""
+        """Install these endpoints' policies before returning (``sluicectl apply``).
+        An endpoint whose inputs are incomplete keeps its installed policy."""
         _, failed = self._enforce_many(keys)
-        if failed:
-            raise next(iter(failed.values()))
+        for err in failed.values():
+            if not isinstance(err, PolicyIncomplete):
+                raise err
 
     # -- internals -----------------------------------------------------------------------
 

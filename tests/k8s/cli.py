@@ -5,7 +5,9 @@ up [--agent]          start a cluster; prints `export KUBECONFIG=...`
 up --control-plane-only   only etcd, kube-apiserver, kube-controller-manager
 down                  stop it and remove everything (also after a crashed up)
 status                what runs, and the node as kubectl sees it
-e2e                   up, the NetworkPolicy e2e suite, down; prints the tally
+e2e                   up (agent on, policy enforced), the NetworkPolicy e2e suite,
+                      down; prints the tally (`--policy off`: the suite without sluice's
+                      enforcement, to see which specs need it)
 """
 
 from __future__ import annotations
@@ -71,6 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     run_e2e.add_argument("--skip", default=e2e.NETPOL_SKIP, help="[%(default)s]")
     run_e2e.add_argument("--report-dir", type=Path, help="JUnit report and e2e.test log")
     run_e2e.add_argument("--quiet", action="store_true", help="do not echo e2e.test's output")
+    run_e2e.add_argument(
+        "--policy", choices=("enforce", "off"), default="enforce", help="[%(default)s]"
+    )
     args = parser.parse_args(argv)
 
     try:
@@ -88,6 +93,9 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "status":
             print(json.dumps(_cluster(args).status(), indent=2))
         elif args.command == "e2e":
+            if args.policy == "enforce":  # what the suite is for: the agent enforcing
+                args.agent = True
+                args.install_arg = [*(args.install_arg or ()), "--policy=enforce"]
             build.build()
             with _cluster(args) as cluster:
                 tally = e2e.run_netpol(
