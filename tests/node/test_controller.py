@@ -552,10 +552,10 @@ class GatedApi(Api):
         self.gate = gate
         self.writes: list[str] = []
 
-    def list(self, path: str, **params: str):  # type: ignore[no-untyped-def]
+    def pages(self, path: str, **params: str):  # type: ignore[no-untyped-def]
         if path == "/api/v1/pods":
             self.gate.wait()
-        return super().list(path, **params)
+        return super().pages(path, **params)
 
     def _json(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         if method != "GET" and "/sluice.dev/" in path:
