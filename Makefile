@@ -19,10 +19,14 @@ test: setup lint k8s-build
 demo: setup
 	$(PY) demo/run.py
 
-bench: setup
+bench: setup k8s-build
 	$(PY) bench/add_del.py
 	$(PY) bench/ipam_churn.py
+	$(PY) bench/del_conntrack.py
+	$(PY) bench/policy_apply.py
+	$(PY) bench/policy_resolve.py
 	$(PY) bench/datapath.py
+	$(PY) bench/k8s_scale.py
 
 lint: venv
 	$(PY) -m ruff check cni ipam tests bench demo
