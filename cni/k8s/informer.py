@@ -92,7 +92,15 @@ class Informer:
         started = time.monotonic()
         objects: list[Any] = []
         version = ""
-        for page, page_version in self.api.pages(self.path, **self.params):
+        # From the API server's watch cache, not etcd: a list of every pod read from
+        # etcd by each of a hundred agents at once is what overloads a control plane.
+        # The first list takes the cache as it is ("0"); a list again never goes back
+        # before what this informer has seen.
+        if self.resource_version:
+            at = {"resourceVersion": self.resource_version, "resourceVersionMatch": "NotOlderThan"}
+        else:
+            at = {"resourceVersion": "0"}
+        for page, page_version in self.api.pages(self.path, **self.params, **at):
             objects.extend(obj for obj in map(self._parse, page) if obj is not None)
             version = page_version  # the list's, once the last page is in
         self.sink.replace(self.kind, objects)

@@ -20,8 +20,9 @@ from typing import Any
 import pytest
 
 from cni.k8s import objects
-from cni.k8s.api import Api
+from cni.k8s.api import Api, Gone
 from cni.k8s.controller import Controller
+from cni.k8s.informer import Informer
 from cni.k8s.objects import ADDRESS_SET, POLICY_ENDPOINTS, POLICY_TARGETS, TargetEntry
 from cni.policy.model import (
     NAMESPACE_NAME_LABEL,
@@ -36,6 +37,7 @@ from cni.policy.model import (
     PolicyRule,
     labels_of,
 )
+from cni.policy.parse import parse_pod
 from cni.policy.published import AddressSetKey
 from cni.policy.resolve import PolicyIndex
 from cni.policy.selectors import PodGroup, target_group
@@ -621,3 +623,75 @@ def test_a_restarted_controller_deletes_nothing_before_its_caches_sync(
         stopping.set()
         runner.join(timeout=30)
         gated.close()
+
+
+class PodSink:
+    """What an informer hands over: whole lists and single events."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.lists = 0
+        self.names: set[str] = set()
+
+    def replace(self, kind: str, objects: list[Any]) -> None:
+        with self.lock:
+            self.lists += 1
+            self.names = {pod.name for pod in objects}
+
+    def change(self, kind: str, event: str, obj: Any) -> None:
+        with self.lock:
+            if event == "DELETED":
+                self.names.discard(obj.name)
+            else:
+                self.names.add(obj.name)
+
+
+class CompactedWatchApi(Api):
+    """A real API whose first watch is answered as a server answers a watch from a
+    resourceVersion it no longer holds (an ERROR event with code 410), and which
+    records the parameters of every list.
+
+    The answer is injected: within a test's time the server cannot be made to give
+    it, as its watch cache keeps every event of the last 75 s (a watch from
+    resourceVersion 1 of a fresh control plane replays its history instead)."""
+
+    def __init__(self, kubeconfig: str) -> None:
+        super().__init__(kubeconfig)
+        self.list_params: list[dict[str, str]] = []
+        self.gone = 0
+
+    def pages(self, path: str, **params: str):  # type: ignore[no-untyped-def]
+        self.list_params.append(dict(params))
+        return super().pages(path, **params)
+
+    def watch(self, path: str, resource_version: str, **params: str):  # type: ignore[no-untyped-def]
+        if not self.gone:
+            self.gone += 1
+            raise Gone(410, f"too old resource version: {resource_version}")
+        return super().watch(path, resource_version, **params)
+
+
+def test_an_informer_lists_from_the_watch_cache_and_lists_again_after_410(
+    k8s_control_plane: Cluster, api: Api, prefix: str
+) -> None:
+    node, namespace = f"{prefix}-n0", f"{prefix}-p"
+    create_world(api, [node], [Namespace(namespace, labels_of({NAMESPACE_NAME_LABEL: namespace}))])
+    create_world(api, pods=[Pod(namespace, "first", ips=("10.9.2.1",), node_name=node)])
+    sink = PodSink()
+    watching = CompactedWatchApi(str(k8s_control_plane.kubeconfig))
+    informer = Informer(watching, "pods", f"/api/v1/namespaces/{namespace}/pods", parse_pod, sink)
+    informer.start()
+    try:
+        eventually(lambda: watching.gone == 1 and sink.lists == 2, "a 410, then a second list")
+        assert sink.names == {"first"}
+        # The first list from the cache as it is; the second never older than the first.
+        first, second = watching.list_params[:2]
+        assert first["resourceVersion"] == "0"
+        assert second["resourceVersionMatch"] == "NotOlderThan"
+        assert int(second["resourceVersion"]) >= 1
+        create_world(api, pods=[Pod(namespace, "second", ips=("10.9.2.2",), node_name=node)])
+        eventually(lambda: sink.names == {"first", "second"}, "the watch resumed after the list")
+        assert sink.lists == 2
+    finally:
+        informer.stop()
+        watching.close()
