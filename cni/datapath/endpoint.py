@@ -195,6 +195,25 @@ def detach(ifindex: int, bpf_dir: str) -> None:
             _unpin_links(bpf_dir, ifindex, HOOKS)  # nothing was ever loaded here
 
 
+def forget(ifindex: int, bpf_dir: str) -> None:
+    """Forget the endpoint but keep its links (``release_links`` after the veth is
+    deleted): with no entry its programs drop every packet, so the caller must have
+    cut the pair off (taken it down) or deleted it first."""
+    try:
+        with Datapath(bpf_dir) as datapath:
+            datapath.delete_endpoint(ifindex)
+            reaper.after_release(datapath)
+    except DatapathMissing:
+        pass
+
+
+def release_links(ifindex: int, bpf_dir: str) -> None:
+    """Unpin the links of a veth that is gone (a live one would make the kernel wait
+    for a grace period, holding the RTNL lock, to take each program off)."""
+    with state_lock(bpf_dir):
+        _unpin_links(bpf_dir, ifindex, HOOKS)
+
+
 # -- uplinks ----------------------------------------------------------------------------
 
 
