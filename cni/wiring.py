@@ -16,6 +16,7 @@ Everything here takes plain values (names, addresses, route specs).
 from __future__ import annotations
 
 import ipaddress
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -51,24 +52,10 @@ def pod_routes(requested: list[RouteSpec]) -> list[RouteSpec]:
     return routes
 
 
-def wire(
-    node: Rtnl,
-    pod: Rtnl,
-    pod_netns_fd: int,
-    pair: VethPair,
-    mtu: int,
-    pod_mac: str | None,
-    addresses: list[str],
-    routes: list[RouteSpec],
-    bpf_dir: str,
-    before_up: Callable[[int], None] | None = None,
+def create_pair(
+    node: Rtnl, pod: Rtnl, pod_netns_fd: int, pair: VethPair, mtu: int, pod_mac: str | None
 ) -> tuple[link.Link, link.Link]:
-    """Create and configure the pair; return the (node-side, pod-side) links.
-
-    The datapath is attached to the node-side veth (and ``before_up`` runs with
-    its ifindex, e.g. to install the pod's policy) before either end is up, so
-    no packet ever crosses the pair unjudged.
-    """
+    """Create the pair, both ends down; return the (node-side, pod-side) links."""
     ifname = pair.pod_ifname
     node_index = link.create_veth(
         node, pair.node_veth, pair.alias, ifname, pod_netns_fd, mtu, pod_mac
@@ -77,13 +64,65 @@ def wire(
     node_link = link.link_by_index(node, node_index)
     if pod_link is None or node_link is None:
         raise RuntimeError(f"veth {pair.node_veth}/{ifname} vanished after creation")
+    endpoint.no_ipv6_from_pod(node_link.name)
+    return node_link, pod_link
+
+
+class Attaching:
+    """The datapath's programs being attached to a new node-side veth in a thread of
+    their own: each tcx link makes the kernel wait for an RCU grace period (about
+    11 ms, holding the RTNL lock), time in which ADD allocates the address,
+    registers the endpoint and installs its policy. ``wait`` before the pair goes up."""
+
+    def __init__(self, node_link: link.Link, bpf_dir: str) -> None:
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._run,
+            args=(node_link.index, node_link.name, bpf_dir),
+            name=f"attach-{node_link.name}",
+            daemon=True,
+        )
+        self._thread.start()
+
+    def _run(self, ifindex: int, name: str, bpf_dir: str) -> None:
+        try:
+            endpoint.attach_new(None, ifindex, name, bpf_dir)
+        except BaseException as err:  # handed to wait()
+            self.error = err
+
+    def wait(self) -> None:
+        """Return once the programs are attached; raise what stopped them."""
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
+
+
+def wire(
+    node: Rtnl,
+    pod: Rtnl,
+    node_link: link.Link,
+    pod_link: link.Link,
+    addresses: list[str],
+    routes: list[RouteSpec],
+    bpf_dir: str,
+    attaching: Attaching,
+    before_up: Callable[[int], None] | None = None,
+) -> None:
+    """Configure a pair made by ``create_pair`` and bring it up.
+
+    The endpoint is registered and ``before_up`` runs with the node-side veth's
+    ifindex (e.g. to install the pod's policy) while the programs attach; the
+    pair goes up only once both are done, so no packet ever crosses it unjudged.
+    """
+    ifname = pod_link.name
     pod_ips = [str(ipaddress.ip_interface(cidr).ip) for cidr in addresses]
-    endpoint.attach(node, node_link.index, node_link.name, pod_ips, bpf_dir)
+    endpoint.register(node_link.index, node_link.name, pod_ips, bpf_dir)
     if before_up is not None:
         before_up(node_link.index)
-
     for cidr in addresses:
         addr.add_address(pod, pod_link.index, ifname, cidr)
+    attaching.wait()
+
     link.set_up(pod, pod_link.index, ifname)
     route.add_route(pod, pod_link.index, ifname, RouteSpec(dst=f"{GATEWAY}/32"))
     addr.add_permanent_neighbor(pod, pod_link.index, ifname, GATEWAY, link.NODE_VETH_MAC)
@@ -92,8 +131,7 @@ def wire(
 
     link.set_up(node, node_link.index, node_link.name)
     for ip in pod_ips:
-        route.add_route_to_pod(node, node_link.index, pair.node_veth, ip)
-    return node_link, pod_link
+        route.add_route_to_pod(node, node_link.index, node_link.name, ip)
 
 
 def node_routed_ips(node: Rtnl, node_link: link.Link) -> list[str]:
