@@ -53,19 +53,26 @@ def pod_routes(requested: list[RouteSpec]) -> list[RouteSpec]:
 
 
 def create_pair(
-    node: Rtnl, pod: Rtnl, pod_netns_fd: int, pair: VethPair, mtu: int, pod_mac: str | None
-) -> tuple[link.Link, link.Link]:
-    """Create the pair, both ends down; return the (node-side, pod-side) links."""
-    ifname = pair.pod_ifname
+    node: Rtnl,
+    pod: Rtnl,
+    pod_netns_fd: int,
+    pair: VethPair,
+    mtu: int,
+    pod_mac: str | None,
+    bpf_dir: str,
+) -> tuple[int, Attaching]:
+    """Create the pair, both ends down, and start attaching the programs to its node
+    end; return the node-side veth's ifindex and the attaching.
+
+    Every netlink request (even a read) waits while an attach holds the RTNL
+    lock, so the caller does its other work before it asks netlink anything."""
     node_index = link.create_veth(
-        node, pair.node_veth, pair.alias, ifname, pod_netns_fd, mtu, pod_mac
+        node, pair.node_veth, pair.alias, pair.pod_ifname, pod_netns_fd, mtu, pod_mac
     )
-    pod_link = link.get_link(pod, ifname)
-    node_link = link.link_by_index(node, node_index)
-    if pod_link is None or node_link is None:
-        raise RuntimeError(f"veth {pair.node_veth}/{ifname} vanished after creation")
-    endpoint.no_ipv6_from_pod(node_link.name)
-    return node_link, pod_link
+    # Before the attach: the kernel takes the RTNL lock for disable_ipv6 by trylock,
+    # restarting the write in a busy loop while an attach holds it.
+    endpoint.no_ipv6_from_pod(pair.node_veth)
+    return node_index, Attaching(node_index, pair.node_veth, bpf_dir)
 
 
 class Attaching:
@@ -74,12 +81,12 @@ class Attaching:
     11 ms, holding the RTNL lock), time in which ADD allocates the address,
     registers the endpoint and installs its policy. ``wait`` before the pair goes up."""
 
-    def __init__(self, node_link: link.Link, bpf_dir: str) -> None:
+    def __init__(self, ifindex: int, name: str, bpf_dir: str) -> None:
         self.error: BaseException | None = None
         self._thread = threading.Thread(
             target=self._run,
-            args=(node_link.index, node_link.name, bpf_dir),
-            name=f"attach-{node_link.name}",
+            args=(ifindex, name, bpf_dir),
+            name=f"attach-{name}",
             daemon=True,
         )
         self._thread.start()
@@ -100,25 +107,30 @@ class Attaching:
 def wire(
     node: Rtnl,
     pod: Rtnl,
-    node_link: link.Link,
-    pod_link: link.Link,
+    node_index: int,
+    pair: VethPair,
     addresses: list[str],
     routes: list[RouteSpec],
     bpf_dir: str,
     attaching: Attaching,
     before_up: Callable[[int], None] | None = None,
-) -> None:
-    """Configure a pair made by ``create_pair`` and bring it up.
+) -> tuple[link.Link, link.Link]:
+    """Configure a pair made by ``create_pair``, bring it up and return its
+    (node-side, pod-side) links.
 
     The endpoint is registered and ``before_up`` runs with the node-side veth's
     ifindex (e.g. to install the pod's policy) while the programs attach; the
     pair goes up only once both are done, so no packet ever crosses it unjudged.
     """
-    ifname = pod_link.name
+    ifname = pair.pod_ifname
     pod_ips = [str(ipaddress.ip_interface(cidr).ip) for cidr in addresses]
-    endpoint.register(node_link.index, node_link.name, pod_ips, bpf_dir)
+    endpoint.register(node_index, pair.node_veth, pod_ips, bpf_dir)
     if before_up is not None:
-        before_up(node_link.index)
+        before_up(node_index)
+    pod_link = link.get_link(pod, ifname)
+    node_link = link.link_by_index(node, node_index)
+    if pod_link is None or node_link is None:
+        raise RuntimeError(f"veth {pair.node_veth}/{ifname} vanished after creation")
     for cidr in addresses:
         addr.add_address(pod, pod_link.index, ifname, cidr)
     attaching.wait()
@@ -132,6 +144,7 @@ def wire(
     link.set_up(node, node_link.index, node_link.name)
     for ip in pod_ips:
         route.add_route_to_pod(node, node_link.index, node_link.name, ip)
+    return node_link, pod_link
 
 
 def node_routed_ips(node: Rtnl, node_link: link.Link) -> list[str]:

@@ -61,18 +61,10 @@ def _attach_links(ifindex: int, bpf_dir: str, hooks: dict[str, tuple[int, str]])
     new programs in between has switched every pinned link but these: they are
     switched here, under the lock, before they are pinned."""
     os.makedirs(os.path.join(bpf_dir, LINKS), exist_ok=True)
-    made: list[tuple[str, int, int]] = []  # (program, link fd, program fd)
+    made = _create_links(ifindex, bpf_dir, hooks)
+    if made is None:
+        return False
     try:
-        for index, (program, (attach_type, _)) in enumerate(hooks.items()):
-            prog_fd = _program_fd(bpf_dir, program)
-            try:
-                link_fd = bpf.link_create(prog_fd, ifindex, attach_type)
-            except bpf.BPFError as err:
-                os.close(prog_fd)
-                if err.errno in (errno.EINVAL, errno.EOPNOTSUPP) and index == 0:
-                    return False
-                raise
-            made.append((program, link_fd, prog_fd))
         with state_lock(bpf_dir):
             for program, link_fd, prog_fd in made:
                 pinned = _program_fd(bpf_dir, program)
@@ -90,6 +82,33 @@ def _attach_links(ifindex: int, bpf_dir: str, hooks: dict[str, tuple[int, str]])
             os.close(link_fd)
             os.close(prog_fd)
     return True
+
+
+Made = tuple[str, int, int]  # (program, link fd, program fd)
+
+
+def _create_links(
+    ifindex: int, bpf_dir: str, hooks: dict[str, tuple[int, str]]
+) -> list[Made] | None:
+    """One tcx link per program; None when the kernel has no tcx."""
+    made: list[Made] = []
+    try:
+        for index, (program, (attach_type, _)) in enumerate(hooks.items()):
+            prog_fd = _program_fd(bpf_dir, program)
+            try:
+                link_fd = bpf.link_create(prog_fd, ifindex, attach_type)
+            except bpf.BPFError as err:
+                os.close(prog_fd)
+                if err.errno in (errno.EINVAL, errno.EOPNOTSUPP) and index == 0:
+                    return None
+                raise
+            made.append((program, link_fd, prog_fd))
+    except BaseException:
+        for _, link_fd, prog_fd in made:
+            os.close(link_fd)
+            os.close(prog_fd)
+        raise
+    return made
 
 
 def _filters(

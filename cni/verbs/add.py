@@ -88,8 +88,9 @@ def add(
             # The pair first, so that its programs attach (the kernel's grace periods)
             # while the address is allocated and the policy installed; it stays down
             # until all of that is done.
-            node_link, pod_link = wiring.create_pair(node, pod, netns.fd, pair, mtu, mac)
-            attaching = wiring.Attaching(node_link, conf.bpf_dir)
+            node_index, attaching = wiring.create_pair(
+                node, pod, netns.fd, pair, mtu, mac, conf.bpf_dir
+            )
             ipam_result, allocated = ipam.add(attachment)
             stop()
             addresses = pod_addresses(ipam_result)
@@ -102,8 +103,8 @@ def add(
             hook = None
             if before_up is not None:
                 hook = lambda ifindex: before_up(ifindex, ips)  # noqa: E731
-            wiring.wire(
-                node, pod, node_link, pod_link, addresses, routes, conf.bpf_dir, attaching, hook
+            node_link, pod_link = wiring.wire(
+                node, pod, node_index, pair, addresses, routes, conf.bpf_dir, attaching, hook
             )
             stop()
         except BaseException:
