@@ -1,10 +1,11 @@
 """One pod's datapath: its endpoint entries and the programs on its node-side veth.
 
-ADD registers the endpoint (its addresses, an empty conntrack table of its
-own, taken from the pool: ``cni.datapath.ctpool``) and then attaches the
-pinned programs (tcx ingress of the node-side veth: traffic from the pod;
-tcx egress: traffic to the pod) by the pinned programs' fds, before the
-pod's interface is up. No bcc, no compile, and with a stocked pool no write
+ADD registers the endpoint (``register``: its addresses, an empty conntrack
+table of its own, taken from the pool: ``cni.datapath.ctpool``) and attaches
+the pinned programs (``attach_new``: tcx ingress of the node-side veth:
+traffic from the pod; tcx egress: traffic to the pod) by the pinned
+programs' fds, both before the pod's interface is up (the caller may run
+them at once, the pair being down). No bcc, no compile, and with a stocked pool no write
 of a map of maps (each would cost an RCU grace period).
 
 Attachment uses tcx links (kernel 6.6+): no qdisc, so other tc users such
@@ -14,8 +15,10 @@ return "next" on allow so that they run too. Each link is pinned under
 reload swaps the program inside every link in one step. Kernels without tcx
 get a clsact qdisc with direct-action filters instead.
 
-Every writer of the pinned state holds ``state_lock(bpfDir)``. Removal goes
-veth first (the caller deletes it), then links and entries, so a pair is
+Every writer of the pinned state holds ``state_lock(bpfDir)`` (a new tcx
+link is created before it is taken and pinned under it). Removal goes veth
+first (the caller deletes it, or takes it down: ``forget``, then
+``release_links`` once it is deleted), then links and entries, so a pair is
 never up, routed and unfiltered. Removal writes plain maps only: the table
 and policy maps the endpoint used are garbage that the reaper
 (``cni.datapath.reaper``) deletes or refills later.
@@ -140,16 +143,6 @@ def no_ipv6_from_pod(name: str) -> None:
         path = f"/proc/sys/net/ipv6/conf/{name}/{key}"
         with contextlib.suppress(FileNotFoundError), open(path, "w") as f:
             f.write(value)
-
-
-def attach(
-    ipr: Rtnl, ifindex: int, name: str, pod_ips: list[str], bpf_dir: str, flags: int = 0
-) -> None:
-    """Endpoint entries, then the programs, on a veth that is down: the pair must
-    stay down until both are done. Fails closed (no entry: every packet drops)."""
-    no_ipv6_from_pod(name)
-    register(ifindex, name, pod_ips, bpf_dir, flags)
-    attach_new(ipr, ifindex, name, bpf_dir)
 
 
 def register(ifindex: int, name: str, pod_ips: list[str], bpf_dir: str, flags: int = 0) -> None:
