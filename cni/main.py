@@ -3,9 +3,10 @@
 Only the standard library is imported here, and VERSION is answered before
 even the json module is loaded (it costs more than the rest of the answer).
 Every other verb goes to the node agent first, over its unix socket (the
-fast path: the agent keeps everything loaded); when no agent answers, the
-verb runs in this process, where each verb's module is imported only when
-that verb runs. A network whose policy is enforced never wires a pod
+fast path: the agent keeps everything loaded, and forwarding needs only
+``_socket`` and ``_struct``, not even json); when no agent answers, the verb
+runs in this process, where each verb's module is imported only when that
+verb runs. A network whose policy is enforced never wires a pod
 without the agent: ADD and CHECK then fail with code 11.
 """
 
