@@ -30,8 +30,11 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from cni.attachment import ALIAS_PREFIX
 from cni.datapath import loader
 from cni.invoke import cni_env, invoke
+from cni.net import link
+from cni.net.rtnl import Rtnl
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = Path("/usr/lib/cni")
@@ -54,6 +57,17 @@ def exec_plugin(
     if run.rc != 0:
         sys.exit(f"{binary.name} {command} failed: {run.stdout} {run.stderr}")
     return run.seconds
+
+
+def settle(network: str, timeout: float = 30.0) -> None:
+    """Wait, untimed, until the agent has deleted the veths its DELs cut off, so that
+    its deferred kernel work does not run into the next contender's calls."""
+    deadline = time.monotonic() + timeout
+    with Rtnl() as rtnl:
+        while link.links_with_alias(rtnl, f"{ALIAS_PREFIX}{network}/"):
+            if time.monotonic() > deadline:
+                sys.exit(f"veths of {network} left behind after DEL")
+            time.sleep(0.01)
 
 
 def new_netns() -> str:
@@ -79,6 +93,7 @@ class Contender:
             try:
                 adds.append(exec_plugin(self.binary, "ADD", self.config, cid, netns, bin_dir))
                 dels.append(exec_plugin(self.binary, "DEL", self.config, cid, netns, bin_dir))
+                settle(self.config["name"])
             finally:
                 subprocess.run(["ip", "netns", "del", name], check=False)
         self.add.append(adds)
@@ -104,6 +119,7 @@ class Contender:
                     )
                 )
                 dels = time.perf_counter() - started
+                settle(self.config["name"])
         finally:
             for name in names:
                 subprocess.run(["ip", "netns", "del", name], check=False)

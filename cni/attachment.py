@@ -6,15 +6,24 @@ pod's namespace, and the veth's alias records which attachment it serves.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
+
+# CPython's own SHA-256: hashlib loads OpenSSL first, which costs a one-call
+# plugin process more than the rest of the module.
+try:
+    from _sha256 import sha256  # Python 3.11
+except ImportError:  # pragma: no cover - later Pythons moved it
+    try:
+        from _sha2 import sha256  # type: ignore[no-redef]
+    except ImportError:
+        from hashlib import sha256  # type: ignore[no-redef]
 
 NODE_VETH_PREFIX = "sl"
 ALIAS_PREFIX = "sluice/"
 
 
 def node_veth_name(network: str, container_id: str, ifname: str) -> str:
-    digest = hashlib.sha256(f"{network}/{container_id}/{ifname}".encode()).hexdigest()
+    digest = sha256(f"{network}/{container_id}/{ifname}".encode()).hexdigest()
     return NODE_VETH_PREFIX + digest[:12]
 
 

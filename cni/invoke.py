@@ -8,7 +8,6 @@ the demo use it to run sluice and the reference plugins.
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -68,6 +67,8 @@ def invoke(
     timeout: float | None = None,
 ) -> Invocation:
     """Exec ``binary`` once; OSError if it cannot be started."""
+    import subprocess  # only a delegated IPAM needs it: the plugin's own path does not
+
     data = stdin if isinstance(stdin, bytes) else json.dumps(stdin).encode()
     started = time.perf_counter()
     proc = subprocess.run(

@@ -16,6 +16,7 @@ Everything here takes plain values (names, addresses, route specs).
 from __future__ import annotations
 
 import ipaddress
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -51,39 +52,89 @@ def pod_routes(requested: list[RouteSpec]) -> list[RouteSpec]:
     return routes
 
 
-def wire(
+def create_pair(
     node: Rtnl,
     pod: Rtnl,
     pod_netns_fd: int,
     pair: VethPair,
     mtu: int,
     pod_mac: str | None,
+    bpf_dir: str,
+) -> tuple[int, Attaching]:
+    """Create the pair, both ends down, and start attaching the programs to its node
+    end; return the node-side veth's ifindex and the attaching.
+
+    Every netlink request (even a read) waits while an attach holds the RTNL
+    lock, so the caller does its other work before it asks netlink anything."""
+    node_index = link.create_veth(
+        node, pair.node_veth, pair.alias, pair.pod_ifname, pod_netns_fd, mtu, pod_mac
+    )
+    # Before the attach: the kernel takes the RTNL lock for disable_ipv6 by trylock,
+    # restarting the write in a busy loop while an attach holds it.
+    endpoint.no_ipv6_from_pod(pair.node_veth)
+    return node_index, Attaching(node_index, pair.node_veth, bpf_dir)
+
+
+class Attaching:
+    """The datapath's programs being attached to a new node-side veth in a thread of
+    their own: each tcx link makes the kernel wait for an RCU grace period (about
+    11 ms, holding the RTNL lock), time in which ADD allocates the address,
+    registers the endpoint and installs its policy. ``wait`` before the pair goes up."""
+
+    def __init__(self, ifindex: int, name: str, bpf_dir: str) -> None:
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._run,
+            args=(ifindex, name, bpf_dir),
+            name=f"attach-{name}",
+            daemon=True,
+        )
+        self._thread.start()
+
+    def _run(self, ifindex: int, name: str, bpf_dir: str) -> None:
+        try:
+            endpoint.attach_new(None, ifindex, name, bpf_dir)
+        except BaseException as err:  # handed to wait()
+            self.error = err
+
+    def wait(self) -> None:
+        """Return once the programs are attached; raise what stopped them."""
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
+
+
+def wire(
+    node: Rtnl,
+    pod: Rtnl,
+    node_index: int,
+    pair: VethPair,
     addresses: list[str],
     routes: list[RouteSpec],
     bpf_dir: str,
+    attaching: Attaching,
     before_up: Callable[[int], None] | None = None,
 ) -> tuple[link.Link, link.Link]:
-    """Create and configure the pair; return the (node-side, pod-side) links.
+    """Configure a pair made by ``create_pair``, bring it up and return its
+    (node-side, pod-side) links.
 
-    The datapath is attached to the node-side veth (and ``before_up`` runs with
-    its ifindex, e.g. to install the pod's policy) before either end is up, so
-    no packet ever crosses the pair unjudged.
+    The endpoint is registered and ``before_up`` runs with the node-side veth's
+    ifindex (e.g. to install the pod's policy) while the programs attach; the
+    pair goes up only once both are done, so no packet ever crosses it unjudged.
     """
     ifname = pair.pod_ifname
-    node_index = link.create_veth(
-        node, pair.node_veth, pair.alias, ifname, pod_netns_fd, mtu, pod_mac
-    )
+    pod_ips = [str(ipaddress.ip_interface(cidr).ip) for cidr in addresses]
+    endpoint.register(node_index, pair.node_veth, pod_ips, bpf_dir)
+    if before_up is not None:
+        before_up(node_index)
     pod_link = link.get_link(pod, ifname)
     node_link = link.link_by_index(node, node_index)
     if pod_link is None or node_link is None:
         raise RuntimeError(f"veth {pair.node_veth}/{ifname} vanished after creation")
-    pod_ips = [str(ipaddress.ip_interface(cidr).ip) for cidr in addresses]
-    endpoint.attach(node, node_link.index, node_link.name, pod_ips, bpf_dir)
-    if before_up is not None:
-        before_up(node_link.index)
-
     for cidr in addresses:
         addr.add_address(pod, pod_link.index, ifname, cidr)
+    attaching.wait()
+
     link.set_up(pod, pod_link.index, ifname)
     route.add_route(pod, pod_link.index, ifname, RouteSpec(dst=f"{GATEWAY}/32"))
     addr.add_permanent_neighbor(pod, pod_link.index, ifname, GATEWAY, link.NODE_VETH_MAC)
@@ -92,7 +143,7 @@ def wire(
 
     link.set_up(node, node_link.index, node_link.name)
     for ip in pod_ips:
-        route.add_route_to_pod(node, node_link.index, pair.node_veth, ip)
+        route.add_route_to_pod(node, node_link.index, node_link.name, ip)
     return node_link, pod_link
 
 
@@ -120,6 +171,27 @@ def unwire(node: Rtnl, node_veth: link.Link | None, bpf_dir: str) -> None:
         return
     link.delete_link(node, node_veth.name)
     endpoint.detach(node_veth.index, bpf_dir)
+
+
+def cut_off(node: Rtnl, node_veth: link.Link, bpf_dir: str) -> Callable[[], None]:
+    """Take the pair out of service now and return what deletes it.
+
+    Deleting a veth makes the caller wait for the kernel's RCU callbacks (20 to
+    45 ms, longer with tcx links), which nothing of DEL's contract needs: taking
+    the node end down stops the pair (a veth carries nothing unless both ends
+    are up) and makes the kernel drop the node's routes through it at once, and
+    without its endpoint entry the programs drop anything left. The returned
+    function deletes the veth (by ifindex, so never a newer one of the same
+    name), then releases its links."""
+    link.set_down(node, node_veth.index, node_veth.name)
+    endpoint.forget(node_veth.index, bpf_dir)
+
+    def finish() -> None:
+        with Rtnl() as rtnl:
+            link.delete_link_index(rtnl, node_veth.index, node_veth.name)
+        endpoint.release_links(node_veth.index, bpf_dir)
+
+    return finish
 
 
 def node_veths(node: Rtnl, network: str) -> dict[tuple[str, str], link.Link]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -124,22 +125,37 @@ def _use_wal(db: sqlite3.Connection) -> None:
             time.sleep(0.01)
 
 
+_writers_guard = threading.Lock()
+_writers: dict[str, threading.Lock] = {}
+
+
+def _writer_lock(path: str) -> threading.Lock:
+    with _writers_guard:
+        return _writers.setdefault(path, threading.Lock())
+
+
 @contextmanager
 def write_transaction(db: sqlite3.Connection, path: str) -> Iterator[sqlite3.Connection]:
-    """An exclusive write transaction, committed on success, rolled back otherwise."""
-    try:
-        db.execute("BEGIN IMMEDIATE")
-    except sqlite3.Error as err:
-        raise StoreError(f'failed to lock "{path}": {err}') from None
-    try:
-        yield db
-    except BaseException:
-        db.execute("ROLLBACK")
-        raise
-    try:
-        db.execute("COMMIT")
-    except sqlite3.Error as err:
-        raise StoreError(f'failed to commit to "{path}": {err}') from None
+    """An exclusive write transaction, committed on success, rolled back otherwise.
+
+    Threads of one process (the agent's concurrent calls) queue on a lock first:
+    SQLite's busy handler polls with sleeps growing to 100 ms, so in a burst a
+    writer would sleep long after the lock was free. Other processes still meet
+    on the database's own lock."""
+    with _writer_lock(path):
+        try:
+            db.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as err:
+            raise StoreError(f'failed to lock "{path}": {err}') from None
+        try:
+            yield db
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        try:
+            db.execute("COMMIT")
+        except sqlite3.Error as err:
+            raise StoreError(f'failed to commit to "{path}": {err}') from None
 
 
 class Store:

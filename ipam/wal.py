@@ -18,7 +18,6 @@ nothing is changed and SQLite behaves as by default.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import sqlite3
 
@@ -26,6 +25,8 @@ SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE = 1006
 SQLITE_FCNTL_PERSIST_WAL = 10
 # pysqlite_Connection: PyObject_HEAD (reference count, type), then the sqlite3 handle.
 HANDLE_OFFSET = 2 * ctypes.sizeof(ctypes.c_void_p)
+# The library the sqlite3 module is linked with, so loading it finds it in the process.
+LIBRARY = "libsqlite3.so.0"
 
 _library: ctypes.CDLL | None = None
 
@@ -33,10 +34,8 @@ _library: ctypes.CDLL | None = None
 def _sqlite() -> ctypes.CDLL | None:
     global _library
     if _library is None:
-        name = ctypes.util.find_library("sqlite3") or "libsqlite3.so.0"
-        try:
-            lib = ctypes.CDLL(name)
-        except OSError:
+        lib = load_library(LIBRARY, "sqlite3")
+        if lib is None:
             return None
         lib.sqlite3_db_filename.restype = ctypes.c_char_p
         lib.sqlite3_db_filename.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
@@ -54,6 +53,26 @@ def _sqlite() -> ctypes.CDLL | None:
         ]
         _library = lib
     return _library
+
+
+def load_library(soname: str, name: str) -> ctypes.CDLL | None:
+    """The shared library by its soname, else wherever ``ctypes.util`` finds it.
+
+    The soname comes first: ``find_library`` runs ``ldconfig -p`` (and imports
+    subprocess, tempfile and more), a cost every short-lived process would pay."""
+    try:
+        return ctypes.CDLL(soname)
+    except OSError:
+        pass
+    from ctypes import util
+
+    found = util.find_library(name)
+    if found is None:
+        return None
+    try:
+        return ctypes.CDLL(found)
+    except OSError:
+        return None
 
 
 def keep_wal_between_processes(db: sqlite3.Connection, path: str) -> bool:

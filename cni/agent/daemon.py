@@ -141,6 +141,7 @@ class Agent:
     def stop(self) -> None:
         log.info("agent stopping")
         self.server.close()
+        self.handlers.close()
         if self.api_source is not None:
             self.api_source.stop()
         self.enforcer.stop()

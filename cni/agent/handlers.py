@@ -20,6 +20,7 @@ from typing import Any
 from cni import netconf
 from cni.agent import wire
 from cni.agent.enforcer import Enforcer, NotReady
+from cni.agent.retire import Retirer
 from cni.agent.sources import LocalStore
 from cni.agent.state import EndpointRecord
 from cni.call import execute
@@ -55,6 +56,11 @@ class Handlers:
         self.api_source = api_source
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._locks_guard = threading.Lock()
+        self.retirer = Retirer()  # deletes the veths DEL has cut off
+
+    def close(self) -> None:
+        """Finish the deletions DEL left behind."""
+        self.retirer.close()
 
     def handle(self, request: dict[str, Any]) -> dict[str, Any]:
         if request.get("v") != wire.VERSION:
@@ -107,7 +113,7 @@ class Handlers:
                     prev = prev_result(request)
                 except CNIError:
                     prev = None
-                delete.delete(conf, attachment, prev)
+                delete.delete(conf, attachment, prev, defer=self.retirer.defer(attachment.key))
                 self.enforcer.endpoint_gone(attachment.key)
                 return None
             prev = prev_result(request)
@@ -120,6 +126,7 @@ class Handlers:
     def _add(self, conf: NetConf, request: Request) -> dict[str, Any]:
         self._require_ready()
         attachment = request.attachment
+        self.retirer.wait(attachment.key)  # a DEL's veth of the same name is gone first
         registered = False
 
         def before_up(ifindex: int, ips: list[str]) -> None:

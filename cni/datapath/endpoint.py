@@ -1,10 +1,11 @@
 """One pod's datapath: its endpoint entries and the programs on its node-side veth.
 
-ADD registers the endpoint (its addresses, an empty conntrack table of its
-own, taken from the pool: ``cni.datapath.ctpool``) and then attaches the
-pinned programs (tcx ingress of the node-side veth: traffic from the pod;
-tcx egress: traffic to the pod) by the pinned programs' fds, before the
-pod's interface is up. No bcc, no compile, and with a stocked pool no write
+ADD registers the endpoint (``register``: its addresses, an empty conntrack
+table of its own, taken from the pool: ``cni.datapath.ctpool``) and attaches
+the pinned programs (``attach_new``: tcx ingress of the node-side veth:
+traffic from the pod; tcx egress: traffic to the pod) by the pinned
+programs' fds, both before the pod's interface is up (the caller may run
+them at once, the pair being down). No bcc, no compile, and with a stocked pool no write
 of a map of maps (each would cost an RCU grace period).
 
 Attachment uses tcx links (kernel 6.6+): no qdisc, so other tc users such
@@ -14,8 +15,10 @@ return "next" on allow so that they run too. Each link is pinned under
 reload swaps the program inside every link in one step. Kernels without tcx
 get a clsact qdisc with direct-action filters instead.
 
-Every writer of the pinned state holds ``state_lock(bpfDir)``. Removal goes
-veth first (the caller deletes it), then links and entries, so a pair is
+Every writer of the pinned state holds ``state_lock(bpfDir)`` (a new tcx
+link is created before it is taken and pinned under it). Removal goes veth
+first (the caller deletes it, or takes it down: ``forget``, then
+``release_links`` once it is deleted), then links and entries, so a pair is
 never up, routed and unfiltered. Removal writes plain maps only: the table
 and policy maps the endpoint used are garbage that the reaper
 (``cni.datapath.reaper``) deletes or refills later.
@@ -54,26 +57,61 @@ def _program_fd(bpf_dir: str, program: str) -> int:
 
 
 def _attach_links(ifindex: int, bpf_dir: str, hooks: dict[str, tuple[int, str]]) -> bool:
-    """Pinned tcx links for the programs; False when the kernel has no tcx."""
+    """Pinned tcx links for the programs; False when the kernel has no tcx.
+
+    Each link_create makes the kernel wait for an RCU grace period, so the links
+    are created outside the state lock and pinned under it. A reload that pinned
+    new programs in between has switched every pinned link but these: they are
+    switched here, under the lock, before they are pinned."""
     os.makedirs(os.path.join(bpf_dir, LINKS), exist_ok=True)
-    for index, (program, (attach_type, _)) in enumerate(hooks.items()):
-        path = link_path(bpf_dir, ifindex, program)
-        if os.path.exists(path):  # a leftover of an earlier device with this ifindex
-            os.unlink(path)
-        prog_fd = _program_fd(bpf_dir, program)
-        try:
-            link_fd = bpf.link_create(prog_fd, ifindex, attach_type)
-        except bpf.BPFError as err:
-            if err.errno in (errno.EINVAL, errno.EOPNOTSUPP) and index == 0:
-                return False
-            raise
-        finally:
-            os.close(prog_fd)
-        try:
-            bpf.obj_pin(link_fd, path)
-        finally:
+    made = _create_links(ifindex, bpf_dir, hooks)
+    if made is None:
+        return False
+    try:
+        with state_lock(bpf_dir):
+            for program, link_fd, prog_fd in made:
+                pinned = _program_fd(bpf_dir, program)
+                try:
+                    if bpf.prog_info(pinned).id != bpf.prog_info(prog_fd).id:
+                        bpf.link_update(link_fd, pinned)
+                finally:
+                    os.close(pinned)
+                path = link_path(bpf_dir, ifindex, program)
+                if os.path.exists(path):  # a leftover of an earlier device with this ifindex
+                    os.unlink(path)
+                bpf.obj_pin(link_fd, path)
+    finally:
+        for _, link_fd, prog_fd in made:
             os.close(link_fd)
+            os.close(prog_fd)
     return True
+
+
+Made = tuple[str, int, int]  # (program, link fd, program fd)
+
+
+def _create_links(
+    ifindex: int, bpf_dir: str, hooks: dict[str, tuple[int, str]]
+) -> list[Made] | None:
+    """One tcx link per program; None when the kernel has no tcx."""
+    made: list[Made] = []
+    try:
+        for index, (program, (attach_type, _)) in enumerate(hooks.items()):
+            prog_fd = _program_fd(bpf_dir, program)
+            try:
+                link_fd = bpf.link_create(prog_fd, ifindex, attach_type)
+            except bpf.BPFError as err:
+                os.close(prog_fd)
+                if err.errno in (errno.EINVAL, errno.EOPNOTSUPP) and index == 0:
+                    return None
+                raise
+            made.append((program, link_fd, prog_fd))
+    except BaseException:
+        for _, link_fd, prog_fd in made:
+            os.close(link_fd)
+            os.close(prog_fd)
+        raise
+    return made
 
 
 def _filters(
@@ -107,16 +145,14 @@ def no_ipv6_from_pod(name: str) -> None:
             f.write(value)
 
 
-def attach(
-    ipr: Rtnl, ifindex: int, name: str, pod_ips: list[str], bpf_dir: str, flags: int = 0
-) -> None:
-    """Endpoint entries, then the programs; fails closed (no entry: every packet drops).
+def register(ifindex: int, name: str, pod_ips: list[str], bpf_dir: str, flags: int = 0) -> None:
+    """The endpoint's entries and an empty conntrack table of its own; its programs are
+    attached apart (``attach_new``), before the veth is up.
 
     ``pod_ips`` are all of the pod's IPv4 addresses: any other source from the
     pod is spoofed."""
     if not pod_ips:
         raise CNIError(ERR_KERNEL, f'failed to attach the datapath to "{name}": no pod address')
-    no_ipv6_from_pod(name)
     try:
         with Datapath(bpf_dir) as datapath:
             entries = datapath.ct_capacity()
@@ -132,38 +168,48 @@ def attach(
                 )
                 datapath.set_endpoint_ips(ifindex, pod_ips)
                 datapath.reset_stats(ifindex)
-                if not own_table:
-                    attach_programs(ipr, ifindex, name, bpf_dir)
             if own_table:
                 # No free table: insert one, outside the lock (a grace period, which
                 # concurrent ADDs wait for at the same time). The entry names the slot
                 # already, so no reaper takes the table for garbage.
                 datapath.insert_tables([slot], entries)
-                with state_lock(bpf_dir):
-                    attach_programs(ipr, ifindex, name, bpf_dir)
             reaper.table_taken(bpf_dir)
     except (bpf.BPFError, DatapathMissing) as err:
         raise CNIError(ERR_KERNEL, f'failed to attach the datapath to "{name}": {err}') from None
 
 
+def attach_new(ipr: Rtnl | None, ifindex: int, name: str, bpf_dir: str) -> None:
+    """The endpoint programs on a new veth (``ipr``: a node socket for the clsact
+    fallback, None to open one), errors as CNI errors."""
+    try:
+        attach_programs(ipr, ifindex, name, bpf_dir)
+    except bpf.BPFError as err:
+        raise CNIError(ERR_KERNEL, f'failed to attach the datapath to "{name}": {err}') from None
+
+
 def attach_programs(
-    ipr: Rtnl,
+    ipr: Rtnl | None,
     ifindex: int,
     name: str,
     bpf_dir: str,
     hooks: dict[str, tuple[int, str]] = HOOKS,
 ) -> None:
-    """The pinned programs on the device's hooks: tcx links, or clsact filters."""
+    """The pinned programs on the device's hooks: tcx links, or clsact filters (with
+    ``ipr``, or a node socket of its own when it is None)."""
     if _attach_links(ifindex, bpf_dir, hooks):
         return
-    with kernel_op(f'add clsact to "{name}"'):
-        try:
-            ipr.tc("add", "clsact", ifindex)
-        except NetlinkError as err:
-            if err.code != errno.EEXIST:
-                raise
-    with kernel_op(f'attach the datapath to "{name}"'):
-        _filters(ipr, "add-filter", ifindex, bpf_dir, hooks)
+    with contextlib.ExitStack() as stack:
+        if ipr is None:
+            ipr = stack.enter_context(Rtnl())
+        with state_lock(bpf_dir):
+            with kernel_op(f'add clsact to "{name}"'):
+                try:
+                    ipr.tc("add", "clsact", ifindex)
+                except NetlinkError as err:
+                    if err.code != errno.EEXIST:
+                        raise
+            with kernel_op(f'attach the datapath to "{name}"'):
+                _filters(ipr, "add-filter", ifindex, bpf_dir, hooks)
 
 
 def detach_programs(ipr: Rtnl, ifindex: int, bpf_dir: str) -> None:
@@ -193,6 +239,25 @@ def detach(ifindex: int, bpf_dir: str) -> None:
     except DatapathMissing:
         with state_lock(bpf_dir):
             _unpin_links(bpf_dir, ifindex, HOOKS)  # nothing was ever loaded here
+
+
+def forget(ifindex: int, bpf_dir: str) -> None:
+    """Forget the endpoint but keep its links (``release_links`` after the veth is
+    deleted): with no entry its programs drop every packet, so the caller must have
+    cut the pair off (taken it down) or deleted it first."""
+    try:
+        with Datapath(bpf_dir) as datapath:
+            datapath.delete_endpoint(ifindex)
+            reaper.after_release(datapath)
+    except DatapathMissing:
+        pass
+
+
+def release_links(ifindex: int, bpf_dir: str) -> None:
+    """Unpin the links of a veth that is gone (a live one would make the kernel wait
+    for a grace period, holding the RTNL lock, to take each program off)."""
+    with state_lock(bpf_dir):
+        _unpin_links(bpf_dir, ifindex, HOOKS)
 
 
 # -- uplinks ----------------------------------------------------------------------------

@@ -5,6 +5,11 @@ When a pod goes, netfilter's conntrack may still hold entries for its address
 pod that gets it. One ctnetlink delete request per direction and side asks
 the kernel to flush every entry whose tuple has the address, filtered in the
 kernel, so the table is never dumped to userspace.
+
+The socket stays open for the process's life: closing a netfilter netlink
+socket makes the kernel first finish nf_tables' deferred destruction, which
+waits for an RCU grace period whenever a ruleset change (such as DEL's
+masquerade removal) is pending.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import errno
 import socket
 import struct
+import threading
 
 NETLINK_NETFILTER = 12
 NLM_F_REQUEST = 0x1
@@ -52,21 +58,42 @@ def _flush_request(ip: str, reply: bool, destination: bool, sequence: int) -> by
                        NLM_F_REQUEST | NLM_F_ACK, sequence, 0) + body  # fmt: skip
 
 
+class _Channel:
+    """One ctnetlink socket, used by one thread at a time, reopened after an error."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.sock: socket.socket | None = None
+        self.sequence = 0
+
+    def flush(self, ips: list[str]) -> None:
+        with self.lock:
+            if self.sock is None:
+                sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC,
+                                     NETLINK_NETFILTER)  # fmt: skip
+                sock.bind((0, 0))
+                self.sock = sock
+            try:
+                for ip in ips:
+                    for reply in (False, True):
+                        for destination in (False, True):
+                            self.sequence = self.sequence % 0xFFFFFFFF + 1
+                            self.sock.send(_flush_request(ip, reply, destination, self.sequence))
+                            _expect_ack(self.sock, self.sequence)
+            except OSError:
+                self.sock.close()  # its state is unknown: the next call opens another
+                self.sock = None
+                raise
+
+
+_channel = _Channel()
+
+
 def forget(ips: list[str]) -> None:
     """Delete every conntrack entry whose original or reply tuple has one of ``ips``
     as source or destination. Best effort: errors other than "none found" raise OSError."""
-    if not ips:
-        return
-    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC,
-                       NETLINK_NETFILTER) as sock:  # fmt: skip
-        sock.bind((0, 0))
-        sequence = 0
-        for ip in ips:
-            for reply in (False, True):
-                for destination in (False, True):
-                    sequence += 1
-                    sock.send(_flush_request(ip, reply, destination, sequence))
-                    _expect_ack(sock, sequence)
+    if ips:
+        _channel.flush(ips)
 
 
 def _expect_ack(sock: socket.socket, sequence: int) -> None:

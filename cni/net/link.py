@@ -99,9 +99,34 @@ def delete_link(rtnl: Rtnl, name: str) -> bool:
     return True
 
 
+def delete_link_index(rtnl: Rtnl, index: int, name: str) -> bool:
+    """Delete the link with this ifindex (never a newer link that took its name);
+    False when it was already gone."""
+    try:
+        rtnl.delete_link(index=index)
+    except NetlinkError as err:
+        if is_missing(err):
+            return False
+        with kernel_op(f'delete link "{name}" (ifindex {index})'):
+            raise
+    return True
+
+
 def set_up(rtnl: Rtnl, index: int, name: str) -> None:
     with kernel_op(f'set "{name}" up'):
         rtnl.set_link(index, up=True)
+
+
+def set_down(rtnl: Rtnl, index: int, name: str) -> bool:
+    """False when the link was already gone."""
+    try:
+        rtnl.set_link(index, up=False)
+    except NetlinkError as err:
+        if is_missing(err):
+            return False
+        with kernel_op(f'set "{name}" down'):
+            raise
+    return True
 
 
 def default_route_link(rtnl: Rtnl) -> Link | None:

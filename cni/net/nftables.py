@@ -8,9 +8,6 @@ costs more than the rest of its kernel work together.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
-import shutil
-import subprocess
 import threading
 
 LIBRARY = "libnftables.so.1"
@@ -46,15 +43,27 @@ def _load() -> _Library | None:
     global _library, _looked
     if not _looked:
         _looked = True
-        name = ctypes.util.find_library("nftables") or LIBRARY
         try:
-            _library = _Library(ctypes.CDLL(name))
+            _library = _Library(_dlopen())
         except (OSError, AttributeError):
             _library = None
     return _library
 
 
+def _dlopen() -> ctypes.CDLL:
+    """By soname first: ``ctypes.util.find_library`` runs ``ldconfig -p`` (and
+    imports subprocess, tempfile and more) in every process that asks."""
+    try:
+        return ctypes.CDLL(LIBRARY)
+    except OSError:
+        from ctypes import util
+
+        return ctypes.CDLL(util.find_library("nftables") or LIBRARY)
+
+
 def nft_binary() -> str | None:
+    import shutil
+
     return shutil.which("nft") or shutil.which("nft", path="/usr/sbin:/sbin")
 
 
@@ -70,6 +79,8 @@ def run(script: str) -> tuple[int, str]:
     nft = nft_binary()
     if nft is None:
         raise FileNotFoundError("neither libnftables nor the nft command is installed")
+    import subprocess
+
     proc = subprocess.run(
         [nft, "-f", "-"], input=script, capture_output=True, text=True, check=False
     )

@@ -237,9 +237,11 @@ class Rtnl:
             msg["attrs"] = [["IFLA_IFALIAS", alias]]
         self._ack(msg, RTM_NEWLINK)
 
-    def delete_link(self, name: str) -> None:
+    def delete_link(self, name: str | None = None, index: int = 0) -> None:
         msg = ifinfmsg()
-        msg["attrs"] = [["IFLA_IFNAME", name]]
+        if name is not None:
+            msg["attrs"] = [["IFLA_IFNAME", name]]
+        msg["index"] = index
         self._ack(msg, RTM_DELLINK)
 
     # -- addresses and neighbours --------------------------------------------------------

@@ -7,6 +7,7 @@ entry or address behind.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import logging
 import signal
@@ -79,26 +80,38 @@ def add(
         mtu = conf.mtu or link.default_route_mtu(node) or wiring.DEFAULT_MTU
         ensure_datapath(conf)
         stop()
-        ipam_result, allocated = ipam.add(attachment)
+        pair = wiring.VethPair(attachment.node_veth, attachment.alias, attachment.ifname)
+        allocated = False
+        addresses: list[str] = []
+        attaching: wiring.Attaching | None = None
         try:
+            # The pair first, so that its programs attach (the kernel's grace periods)
+            # while the address is allocated and the policy installed; it stays down
+            # until all of that is done.
+            node_index, attaching = wiring.create_pair(
+                node, pod, netns.fd, pair, mtu, mac, conf.bpf_dir
+            )
+            ipam_result, allocated = ipam.add(attachment)
             stop()
             addresses = pod_addresses(ipam_result)
+            ips = [a.split("/")[0] for a in addresses]
             cluster = conf.cluster_cidr or ipaddress.IPv4Interface(addresses[0]).network
             routes = wiring.pod_routes([route_spec(r) for r in ipam_result.routes])
             sysctl.ensure("net.ipv4.ip_forward", "1")
-            pair = wiring.VethPair(attachment.node_veth, attachment.alias, attachment.ifname)
+            if conf.ip_masq:
+                masq.add(conf.network, cluster, ips)
             hook = None
             if before_up is not None:
-                ips = [a.split("/")[0] for a in addresses]
                 hook = lambda ifindex: before_up(ifindex, ips)  # noqa: E731
             node_link, pod_link = wiring.wire(
-                node, pod, netns.fd, pair, mtu, mac, addresses, routes, conf.bpf_dir, hook
+                node, pod, node_index, pair, addresses, routes, conf.bpf_dir, attaching, hook
             )
             stop()
-            if conf.ip_masq:
-                masq.add(conf.network, cluster, [a.split("/")[0] for a in addresses])
         except BaseException:
-            rollback(node, conf, attachment, ipam, allocated)
+            if attaching is not None:
+                with contextlib.suppress(BaseException):
+                    attaching.wait()  # never remove a veth the thread still works on
+            rollback(node, conf, attachment, ipam, allocated, addresses)
             raise
 
     ours = Result(
@@ -167,16 +180,21 @@ def rollback(
     attachment: Attachment,
     ipam: ipam_client.IPAM,
     allocated: bool,
+    addresses: list[str],
 ) -> None:
     """Best effort: each undo step runs even if an earlier one fails."""
+    ips = {a.split("/")[0] for a in addresses}
     try:
         veth = link.get_link(node, attachment.node_veth)
         if veth is not None:
-            ips = wiring.node_routed_ips(node, veth)
+            ips.update(wiring.node_routed_ips(node, veth))
             wiring.unwire(node, veth, conf.bpf_dir)
-            masq.remove(conf.network, ips)
     except Exception as err:
         log.error("rollback of %s: failed to remove the veth: %s", attachment.alias, err)
+    try:
+        masq.remove(conf.network, sorted(ips))
+    except Exception as err:
+        log.error("rollback of %s: failed to stop masquerading: %s", attachment.alias, err)
     if allocated:
         try:
             ipam.delete(attachment)

@@ -5,11 +5,17 @@ name, and deleting it removes the pod end too. So it succeeds when the
 namespace is gone, when CNI_NETNS is empty, when it is repeated, and when no
 ADD ever happened. Kernel state goes first and the address last, so an
 address is never free while a route to it still exists.
+
+A long-lived caller (the agent) may pass ``defer``: the pair is then only cut
+off (down, unrouted, its endpoint forgotten) before the address goes, and the
+veth's deletion, which waits for the kernel's RCU callbacks, is handed to
+``defer`` to run after DEL has answered.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from cni import ipam_client, wiring
 from cni.attachment import Attachment, parse_alias
@@ -22,6 +28,9 @@ from cni.verbs import load_conf
 
 log = logging.getLogger("sluice")
 
+# Takes the function that deletes a cut-off pair and runs it later.
+Defer = Callable[[Callable[[], None]], None]
+
 
 def run(request: Request) -> None:
     conf = load_conf(request)
@@ -32,13 +41,23 @@ def run(request: Request) -> None:
     delete(conf, request.attachment, prev)
 
 
-def delete(conf: NetConf, attachment: Attachment, prev: Result | None = None) -> None:
+def delete(
+    conf: NetConf,
+    attachment: Attachment,
+    prev: Result | None = None,
+    *,
+    defer: Defer | None = None,
+) -> None:
     with ipam_client.client(conf.ipam, conf.cni_version) as ipam:
-        _delete(conf, attachment, prev, ipam)
+        _delete(conf, attachment, prev, ipam, defer)
 
 
 def _delete(
-    conf: NetConf, attachment: Attachment, prev: Result | None, ipam: ipam_client.IPAM
+    conf: NetConf,
+    attachment: Attachment,
+    prev: Result | None,
+    ipam: ipam_client.IPAM,
+    defer: Defer | None,
 ) -> None:
     ips = set(ipam.addresses(attachment))
     with node_socket() as node:
@@ -48,7 +67,10 @@ def _delete(
             veth = None  # a veth of another network with this name: not ours to touch
         if veth is not None and not ips:
             ips.update(wiring.node_routed_ips(node, veth))  # a delegated IPAM: ask the kernel
-        wiring.unwire(node, veth, conf.bpf_dir)
+        if veth is not None and defer is not None:
+            defer(wiring.cut_off(node, veth, conf.bpf_dir))
+        else:
+            wiring.unwire(node, veth, conf.bpf_dir)
         # prevResult may be stale (a late DEL): skip an address another pod now has.
         ips.update(ip for ip in prev_ips(prev, attachment) if not _routed_elsewhere(node, ip))
     if conf.ip_masq:

@@ -32,7 +32,7 @@ from tests.support.agent import (
     pod_object,
     policy,
 )
-from tests.support.cni_run import PodNamespaces, in_netns
+from tests.support.cni_run import PodNamespaces, exec_plugin, in_netns
 
 
 @pytest.fixture
@@ -92,6 +92,32 @@ def test_calls_are_served_by_the_agent(net: AgentNetwork, pods: PodNamespaces) -
     net.delete(netns, "c1", "x", "a")
     assert net.endpoints() == []
     assert "c1" in net.agent.log() or net.agent.log()  # the agent logged while serving
+
+
+def test_forwarding_loads_no_json(net: AgentNetwork, bin_dir: Path) -> None:
+    """The executable forwards a call, with the configuration naming its agent socket,
+    without loading json (it pulls in re) or anything of the verbs."""
+    launcher = (bin_dir / "sluice").read_text()
+    probe = launcher.replace(
+        "sys.exit(main())",
+        (
+            "import os\n"
+            "import cni.main\n"
+            "def finish(rc):\n"
+            "    heavy = [m for m in ('json', 're', 'pyroute2', 'cni.protocol', 'sqlite3')"
+            " if m in sys.modules]\n"
+            "    print('HEAVY', heavy, 'RC', rc, flush=True)\n"
+            "    os._exit(rc)\n"
+            "cni.main.finish = finish\n"
+            "cni.main.main()\n"
+        ),
+    )
+    script = bin_dir.parent / "forward-probe.py"
+    script.write_text(probe)
+    script.chmod(0o755)
+    config = net.network.config("1.1.0", policy="enforce", agentSocket=net.socket)
+    run = exec_plugin(script, "STATUS", config)
+    assert "HEAVY [] RC 0" in run.stdout, run.stdout + run.stderr
 
 
 def test_without_the_agent_enforced_networks_refuse_add_and_check(

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from cni.errors import CNIError
-from cni.main import peek_version
+from cni.main import DEFAULT_AGENT_SOCKET, agent_socket_of, peek_version
 from cni.protocol import parse_cni_args, parse_request, requested_mac, valid_attachments
 
 ENV = {"CNI_CONTAINERID": "c1", "CNI_NETNS": "/run/netns/p", "CNI_IFNAME": "eth0"}
@@ -122,3 +122,39 @@ def test_valid_attachments() -> None:
 )
 def test_version_is_peeked_without_json(stdin: bytes, version: str | None) -> None:
     assert peek_version(stdin) == version
+
+
+def _socket_by_json(stdin: bytes) -> str | None:
+    """What the executable's scan must agree with: the JSON parser's answer."""
+    if b'"agentSocket"' not in stdin:
+        return DEFAULT_AGENT_SOCKET
+    try:
+        config = json.loads(stdin)
+    except ValueError:
+        return None
+    path = config.get("agentSocket", DEFAULT_AGENT_SOCKET) if isinstance(config, dict) else None
+    return path if isinstance(path, str) and path.startswith("/") else None
+
+
+@pytest.mark.parametrize(
+    "stdin",
+    [
+        b'{"agentSocket": "/run/a.sock"}',
+        b'{"ipam": {"agentSocket": "/nested"}, "agentSocket": "/top"}',
+        b'{"ipam": {"agentSocket": "/nested"}}',
+        b'{"s": "q\\"agentSocket\\"", "agentSocket": "/y"}',
+        b'{"agentSocket": "/a\\/b"}',
+        b'{"a": "\\\\", "agentSocket": "/z"}',
+        b'{"agentSocket": 3}',
+        b'{"agentSocket": "relative"}',
+        b'[{"agentSocket": "/a"}]',
+        b'{nope "agentSocket"',
+        b'{"agentSocket": "/a", "agentSocket": "/b"}',
+        b'  {"agentSocket" : "/sp" , "k": [1, {"agentSocket": "/x"}]}',
+        b'{"agentSocket": "/\xc3\xa9"}',
+        b'{"agentSocket": "/a"',
+        b'{"name": "n"}',
+    ],
+)
+def test_agent_socket_found_without_json_as_json_finds_it(stdin: bytes) -> None:
+    assert agent_socket_of(stdin) == _socket_by_json(stdin)
