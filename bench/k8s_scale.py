@@ -90,7 +90,9 @@ def serve_agents(kubeconfig: str, resolver: str, nodes: list[str]) -> None:
             agent.wait_ready(600)
         synced = time.monotonic() - started
         for agent in agents:
-            local = setup.list("/api/v1/pods", fieldSelector=f"spec.nodeName={agent.node}").items
+            local = setup.list(
+                "/api/v1/pods", fieldSelector=f"spec.nodeName={agent.node}", resourceVersion="0"
+            ).items
             for pod in local:
                 meta, status = pod["metadata"], pod.get("status") or {}
                 ips = tuple(entry["ip"] for entry in status.get("podIPs") or ())
@@ -351,7 +353,7 @@ def wait_published(log: Path, started: float, quiet: float = 5.0) -> float:
 def published_size(api: Api) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for kind in (POLICY_ENDPOINTS, ADDRESS_SET, POLICY_TARGETS):
-        items = api.list(objects.collection_path(kind)).items
+        items = api.list(objects.collection_path(kind), resourceVersion="0").items
         sizes = [len(json.dumps(item)) for item in items]
         out[kind] = {
             "objects": len(items),
@@ -372,7 +374,7 @@ def measure_trimming(kubeconfig: str) -> None:
     gc.collect()
     tracemalloc.start()
     base = tracemalloc.get_traced_memory()[0]
-    raw = api.list("/api/v1/pods").items
+    raw = api.list("/api/v1/pods", resourceVersion="0").items
     gc.collect()
     raw_bytes = tracemalloc.get_traced_memory()[0] - base
     trimmed = [parse_pod(item) for item in raw]
@@ -509,7 +511,7 @@ def load_world(api: Api, args: argparse.Namespace) -> tuple[PolicyIndex, list[st
         ("/api/v1/pods", parse_pod),
         ("/apis/networking.k8s.io/v1/networkpolicies", parse_network_policy),
     ):
-        for item in api.list(path).items:
+        for item in api.list(path, resourceVersion="0").items:
             index.upsert(parse(item))
     nodes = sorted(
         {pod.node_name for pod in index.store.all_pods()}, key=lambda n: int(n.split("-")[1])
