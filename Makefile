@@ -26,7 +26,9 @@ bench: setup k8s-build
 	$(PY) bench/policy_apply.py
 	$(PY) bench/policy_resolve.py
 	$(PY) bench/datapath.py
-	$(PY) bench/k8s_scale.py
+	$(PY) bench/k8s_scale.py --modes controller
+	# Agent-local resolution holds every pod in each agent: ten fit a 2-CPU machine.
+	$(PY) bench/k8s_scale.py --modes agent --agents 10 --workers 1 --changes 20
 
 lint: venv
 	$(PY) -m ruff check cni ipam tests bench demo

@@ -44,7 +44,6 @@ from cni.policy.selectors import PodGroup, target_group
 from tests.k8s.cluster import Cluster
 from tests.support.controller import (
     ControllerProcess,
-    eventually,
     lease_holder,
     published,
     settled,
@@ -52,6 +51,7 @@ from tests.support.controller import (
 )
 from tests.support.k8s_objects import create_world, pod_path
 from tests.support.simulated_agent import SimulatedAgent, recorded_installs
+from tests.support.waiting import eventually
 
 pytest_plugins = ["tests.k8s.fixtures"]
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]

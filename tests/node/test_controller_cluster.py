@@ -30,7 +30,8 @@ from tests.node.test_kubernetes import (
     pod_ip,
     wait_ready,
 )
-from tests.support.controller import ControllerProcess, eventually
+from tests.support.controller import ControllerProcess
+from tests.support.waiting import eventually
 
 pytest_plugins = ["tests.k8s.fixtures"]
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]

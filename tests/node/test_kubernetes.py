@@ -25,12 +25,15 @@ import pytest
 from tests.k8s.cache import AGNHOST_IMAGE
 from tests.k8s.cluster import Cluster, ClusterError
 from tests.k8s.e2e import NETPOL_SKIP, run_netpol
+from tests.support.waiting import eventually as wait_until
 
 pytest_plugins = ["tests.k8s.fixtures"]
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
 
 NETEXEC_PORT = 8080
 SERVICE_PORT = 80
+# What a condition on the cluster raises while it does not hold yet.
+CLUSTER_NOT_YET = (AssertionError, OSError, subprocess.SubprocessError, ClusterError)
 
 
 def netexec_pod(name: str) -> dict[str, Any]:
@@ -120,19 +123,9 @@ def http_get(url: str, timeout: float = 5.0) -> str:
 
 
 def eventually(check: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
-    """Retry ``check`` (which raises or returns falsy) until it returns something truthy."""
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while time.monotonic() < deadline:
-        try:
-            result = check()
-            if result:
-                return result
-            last = result
-        except (AssertionError, OSError, subprocess.SubprocessError, ClusterError) as exc:
-            last = exc
-        time.sleep(0.5)
-    raise AssertionError(f"{what}: still not true after {timeout:.0f} s (last: {last!r})")
+    """``tests.support.waiting.eventually``, also retrying on what a cluster's commands
+    and sockets raise while pods start."""
+    return wait_until(check, what, timeout, interval=0.5, retry_on=CLUSTER_NOT_YET)
 
 
 @dataclass

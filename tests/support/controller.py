@@ -7,7 +7,6 @@ import json
 import signal
 import subprocess
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -96,22 +95,6 @@ def versions(api: Api) -> dict[tuple[str, str, str], tuple[str, str]]:
         key: (obj["metadata"]["uid"], obj["metadata"]["resourceVersion"])
         for key, obj in published(api).items()
     }
-
-
-def eventually(check: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
-    """Retry ``check`` until it returns something truthy without raising AssertionError."""
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while time.monotonic() < deadline:
-        try:
-            result = check()
-            if result:
-                return result
-            last = result
-        except AssertionError as err:
-            last = err
-        time.sleep(0.25)
-    raise AssertionError(f"{what}: not after {timeout:.0f} s (last: {last})")
 
 
 def settled(api: Api, quiet: float = 1.5, timeout: float = 60.0) -> dict:
