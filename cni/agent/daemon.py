@@ -20,11 +20,13 @@ import threading
 import time
 from typing import Any
 
+from cni import wiring
 from cni.agent.enforcer import Enforcer
 from cni.agent.handlers import Handlers
 from cni.agent.server import AgentServer
 from cni.agent.sources import LocalStore
 from cni.agent.state import AgentState, EndpointRecord
+from cni.attachment import Attachment
 from cni.datapath import endpoint, loader
 from cni.datapath.maps import Datapath
 from cni.datapath.reaper import Reaper
@@ -36,6 +38,7 @@ from cni.k8s.source import COLLECTIONS, KubernetesSource
 from cni.net import link
 from cni.net.netlink import node_socket
 from cni.netconf import NetConf
+from cni.verbs import delete
 
 log = logging.getLogger("sluice.agent")
 
@@ -114,6 +117,7 @@ class Agent:
             self.metrics.observe,
             index=ShardIndex(self.node_name) if by_controller else None,
         )
+        self._finish_cut_off_pairs()
         self.enforcer.start(self._adopt_endpoints())
         self.local_store: LocalStore | None = None
         self.api_source: KubernetesSource | None = None
@@ -164,6 +168,24 @@ class Agent:
                     log.info("judging service flows leaving through %s", name)
                 except CNIError as err:
                     log.warning("no uplink program on %s: %s", name, err.details)
+
+    def _finish_cut_off_pairs(self) -> None:
+        """DELs that answered but whose release an earlier agent never finished: their
+        node-side veths are down (a pod's pair is up from the end of its ADD until
+        its DEL; a down one is also left by an ADD that failed midway, which the
+        runtime deletes anyway)."""
+        with node_socket() as node:
+            veths = wiring.node_veths(node, self.conf.network)
+        for (container_id, ifname), veth in veths.items():
+            if veth.up:
+                continue
+            attachment = Attachment(self.conf.network, container_id, ifname)
+            try:
+                delete.finish_cut_off(self.conf, attachment)
+            except Exception as err:  # GC or the attachment's next ADD finishes it
+                log.warning("failed to finish the DEL of %s/%s: %s", container_id, ifname, err)
+            else:
+                log.info("finished the DEL of %s/%s (%s was down)", container_id, ifname, veth.name)
 
     def _adopt_endpoints(self) -> list[EndpointRecord]:
         """The endpoints recorded before, whose veths still exist with the same ifindex."""

@@ -56,7 +56,7 @@ class Handlers:
         self.api_source = api_source
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._locks_guard = threading.Lock()
-        self.retirer = Retirer()  # deletes the veths DEL has cut off
+        self.retirer = Retirer()  # finishes the DELs that answered once their pair was cut off
 
     def close(self) -> None:
         """Finish the deletions DEL left behind."""
@@ -98,6 +98,7 @@ class Handlers:
             status.status(conf)
             return None
         if request.command == "GC":
+            self.retirer.drain()  # releases DEL has left running go first
             valid = valid_attachments(request.config)
             gc.gc(conf, valid)
             for key in list(self.enforcer.endpoints):
@@ -113,6 +114,7 @@ class Handlers:
                     prev = prev_result(request)
                 except CNIError:
                     prev = None
+                self.retirer.wait(attachment.key)  # a repeated DEL finds the first one done
                 delete.delete(conf, attachment, prev, defer=self.retirer.defer(attachment.key))
                 self.enforcer.endpoint_gone(attachment.key)
                 return None

@@ -1,12 +1,15 @@
-"""Deleting cut-off veths after their DEL has answered.
+"""Finishing DELs after they have answered.
 
-The kernel's deletion of a veth waits for RCU callbacks (20 to 45 ms); DEL
-has already taken the pair out of service (``cni.wiring.cut_off``), so the
-agent finishes it here. A few deletions run at once, so that their waits
-overlap in a burst of DELs. An ADD for the same attachment waits for its
-pending deletion first (the new veth has the same name); stopping the agent
-waits for all of them. Were the agent killed in between, the down veth is
-found by its name or alias by the attachment's next ADD, or by GC.
+DEL answers once the pair is out of service (``cni.verbs.delete``: down,
+unrouted, its endpoint forgotten); the rest (masquerade entry, conntrack
+entries, the address, and last the veth, whose deletion waits 20 to 45 ms
+for the kernel's RCU callbacks) runs here. A few run at once, so that their
+waits overlap in a burst of DELs. An ADD or a repeated DEL of the same
+attachment waits for its pending release first (the new veth has the same
+name), GC waits for all of them, and so does stopping the agent. Were the
+agent killed in between, the down veth marks the unfinished DEL: the agent
+finishes it at its next start (``Agent.start``), as would the attachment's
+next ADD or GC.
 """
 
 from __future__ import annotations
@@ -32,30 +35,37 @@ class Retirer:
         """The ``defer`` argument of DEL for this attachment."""
 
         def submit(finish: Callable[[], None]) -> None:
-            future = self._pool.submit(self._run, key, finish)
-            with self._guard:
+            with self._guard:  # in _pending before its callback can look for it
+                future = self._pool.submit(self._run, key, finish)
                 self._pending[key] = future
             future.add_done_callback(lambda done: self._forget(key, done))
 
         return submit
 
     def wait(self, key: Key) -> None:
-        """Return once this attachment's pending deletion (if any) is done."""
+        """Return once this attachment's pending release (if any) is done."""
         with self._guard:
             future = self._pending.get(key)
         if future is not None:
             future.result()
 
+    def drain(self) -> None:
+        """Return once every release submitted so far is done."""
+        with self._guard:
+            pending = list(self._pending.values())
+        for future in pending:
+            future.exception()  # failures are logged by _run
+
     def close(self) -> None:
-        """Finish every pending deletion."""
+        """Finish every pending release."""
         self._pool.shutdown(wait=True)
 
     @staticmethod
     def _run(key: Key, finish: Callable[[], None]) -> None:
         try:
             finish()
-        except Exception:  # the veth stays down and unrouted; GC removes it
-            log.exception("failed to delete the veth of %s/%s", *key)
+        except Exception:  # the veth stays down: the next start, ADD or GC finishes it
+            log.exception("failed to finish the DEL of %s/%s", *key)
 
     def _forget(self, key: Key, done: Future[None]) -> None:
         with self._guard:

@@ -6,10 +6,15 @@ namespace is gone, when CNI_NETNS is empty, when it is repeated, and when no
 ADD ever happened. Kernel state goes first and the address last, so an
 address is never free while a route to it still exists.
 
-A long-lived caller (the agent) may pass ``defer``: the pair is then only cut
-off (down, unrouted, its endpoint forgotten) before the address goes, and the
-veth's deletion, which waits for the kernel's RCU callbacks, is handed to
-``defer`` to run after DEL has answered.
+A long-lived caller (the agent) may pass ``defer``: DEL then only cuts the
+pair off (down, so the kernel drops the node's routes through it, and its
+endpoint forgotten, so its programs drop anything left) and hands the rest
+to ``defer``, to run after DEL has answered, in the same order as above:
+masquerade entry, conntrack entries, address, and last the veth (its
+deletion waits for the kernel's RCU callbacks). Until then the address stays
+allocated, so no other pod can get it, and the down veth marks the unfinished
+DEL: were the caller to die in between, ``finish_cut_off`` (the agent at
+start), the attachment's next ADD, or GC completes it.
 """
 
 from __future__ import annotations
@@ -48,35 +53,62 @@ def delete(
     *,
     defer: Defer | None = None,
 ) -> None:
-    with ipam_client.client(conf.ipam, conf.cni_version) as ipam:
-        _delete(conf, attachment, prev, ipam, defer)
+    if defer is not None:
+        with node_socket() as node:
+            veth = _own_veth(node, attachment)
+            if veth is not None:
+                # A delegated IPAM's addresses are known only from the node's routes,
+                # which the kernel drops once the veth is down.
+                routed = wiring.node_routed_ips(node, veth)
+                delete_veth = wiring.cut_off(node, veth, conf.bpf_dir)
+                defer(lambda: _release(conf, attachment, prev, routed, delete_veth))
+                return
+    _release(conf, attachment, prev, None, None)
 
 
-def _delete(
+def finish_cut_off(conf: NetConf, attachment: Attachment) -> None:
+    """Complete a DEL whose pair was cut off but whose release never ran (its
+    caller died in between): the same release, found from the down veth."""
+    delete(conf, attachment, defer=lambda release: release())
+
+
+def _release(
     conf: NetConf,
     attachment: Attachment,
     prev: Result | None,
-    ipam: ipam_client.IPAM,
-    defer: Defer | None,
+    routed: list[str] | None,
+    delete_veth: Callable[[], None] | None,
 ) -> None:
-    ips = set(ipam.addresses(attachment))
-    with node_socket() as node:
-        veth = link.get_link(node, attachment.node_veth)
-        owner = parse_alias(veth.alias) if veth else None
-        if owner is not None and owner[0] != attachment.network:
-            veth = None  # a veth of another network with this name: not ours to touch
-        if veth is not None and not ips:
-            ips.update(wiring.node_routed_ips(node, veth))  # a delegated IPAM: ask the kernel
-        if veth is not None and defer is not None:
-            defer(wiring.cut_off(node, veth, conf.bpf_dir))
-        else:
-            wiring.unwire(node, veth, conf.bpf_dir)
-        # prevResult may be stale (a late DEL): skip an address another pod now has.
-        ips.update(ip for ip in prev_ips(prev, attachment) if not _routed_elsewhere(node, ip))
-    if conf.ip_masq:
-        masq.remove(conf.network, sorted(ips))
-    forget_connections(sorted(ips))
-    ipam.delete(attachment)
+    """Everything DEL removes after the pair is out of service (``delete_veth`` set)
+    or with it (None: the veth, if any, is deleted here first)."""
+    with ipam_client.client(conf.ipam, conf.cni_version) as ipam:
+        ips = set(ipam.addresses(attachment))
+        with node_socket() as node:
+            if delete_veth is None:
+                veth = _own_veth(node, attachment)
+                if veth is not None and not ips:
+                    ips.update(wiring.node_routed_ips(node, veth))  # a delegated IPAM
+                wiring.unwire(node, veth, conf.bpf_dir)
+            elif not ips:
+                ips.update(routed or ())
+            # prevResult may be stale (a late DEL): skip an address another pod now has.
+            ips.update(ip for ip in prev_ips(prev, attachment) if not _routed_elsewhere(node, ip))
+        if conf.ip_masq:
+            masq.remove(conf.network, sorted(ips))
+        forget_connections(sorted(ips))
+        ipam.delete(attachment)
+    if delete_veth is not None:
+        delete_veth()
+
+
+def _own_veth(node: Rtnl, attachment: Attachment) -> link.Link | None:
+    """The attachment's node-side veth, unless a veth of another network has its name
+    (not ours to touch)."""
+    veth = link.get_link(node, attachment.node_veth)
+    owner = parse_alias(veth.alias) if veth else None
+    if owner is not None and owner[0] != attachment.network:
+        return None
+    return veth
 
 
 def forget_connections(ips: list[str]) -> None:

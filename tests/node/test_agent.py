@@ -33,6 +33,7 @@ from tests.support.agent import (
     policy,
 )
 from tests.support.cni_run import PodNamespaces, exec_plugin, in_netns
+from tests.support.waiting import eventually
 
 
 @pytest.fixture
@@ -154,6 +155,63 @@ def test_policy_off_networks_use_the_agent_when_it_is_there(
     other = pods.new()
     net.network.add(other, "c2", config=config)
     net.network.delete(other, "c2", config=config).ok()
+
+
+def node_veth_state(net: AgentNetwork, cid: str) -> tuple[bool, bool] | None:
+    """(up, routed to the pod) of the attachment's node-side veth; None once it is gone."""
+    from cni.attachment import node_veth_name
+    from cni.net import link, route
+    from cni.net.netlink import node_socket
+
+    with node_socket() as node:
+        veth = link.get_link(node, node_veth_name(net.network.name, cid, "eth0"))
+        if veth is None:
+            return None
+        return veth.up, any(r.dst.endswith("/32") for r in route.routes(node, veth.index))
+
+
+def test_del_answers_once_the_pair_is_cut_off_and_the_release_follows(
+    net: AgentNetwork, pods: PodNamespaces
+) -> None:
+    netns = pods.new()
+    net.add(netns, "c1", "x", "a")
+    assert net.network.masqueraded() and node_veth_state(net, "c1") == (True, True)
+    net.delete(netns, "c1", "x", "a")
+    # When DEL answers, the pod is out of service: no endpoint, its veth down or gone,
+    # no route to it.
+    assert net.endpoints() == []
+    assert node_veth_state(net, "c1") in (None, (False, False))
+    # The rest follows without another call.
+    eventually(
+        lambda: (
+            net.network.allocations() == {}
+            and net.network.veths() == []
+            and net.network.masqueraded() == set()
+        ),
+        "the release after DEL",
+        timeout=20,
+    )
+
+
+def test_a_del_the_agent_died_after_answering_is_finished_at_its_next_start(
+    net: AgentNetwork, pods: PodNamespaces
+) -> None:
+    netns = pods.new()
+    net.add(netns, "c1", "x", "a")
+    net.agent.stop(signal.SIGKILL)
+    # What a DEL leaves when its agent dies right after answering: the pair down, the
+    # address, its masquerade entry and the veth still there.
+    veth = net.network.veths()[0]
+    subprocess.run(["ip", "link", "set", veth, "down"], check=True)
+    assert net.network.allocations().keys() == {("c1", "eth0")}
+    net.start()
+    assert net.network.allocations() == {}
+    assert net.network.veths() == [] and net.network.masqueraded() == set()
+    assert net.endpoints() == []
+    # The same attachment can be added again.
+    net.add(netns, "c1", "x", "a")
+    assert net.network.allocations().keys() == {("c1", "eth0")}
+    net.delete(netns, "c1", "x", "a")
 
 
 # -- who may talk to it, and what they may say ---------------------------------------------------
