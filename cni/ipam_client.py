@@ -5,6 +5,7 @@ never care which one a network uses; IPAM failures become CNI errors here.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Protocol
@@ -49,6 +50,45 @@ def client(conf: IPAMConf, cni_version: str) -> IPAM:
     return BuiltinClient(conf, cni_version)
 
 
+class KeptAllocators:
+    """Open allocators a long-lived process (the agent) reuses: opening the store
+    costs more than most of what a call then does with it. Each is lent to one
+    client at a time, and may go from thread to thread."""
+
+    def __init__(self) -> None:
+        self._idle: dict[NodeCIDRConfig | PrefixConfig, list[Allocator]] = {}
+        self._lock = threading.Lock()
+
+    def take(self, config: NodeCIDRConfig | PrefixConfig) -> Allocator:
+        with self._lock:
+            idle = self._idle.get(config)
+            if idle:
+                return idle.pop()
+        return open_allocator(config, threads=True)
+
+    def give(self, config: NodeCIDRConfig | PrefixConfig, allocator: Allocator) -> None:
+        with self._lock:
+            self._idle.setdefault(config, []).append(allocator)
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, {}
+        for allocators in idle.values():
+            for allocator in allocators:
+                allocator.close()
+
+
+_kept: KeptAllocators | None = None
+
+
+def keep_allocators_open() -> KeptAllocators:
+    """From now on, this process's built-in clients reuse open allocators."""
+    global _kept
+    if _kept is None:
+        _kept = KeptAllocators()
+    return _kept
+
+
 @contextmanager
 def cni_errors() -> Iterator[None]:
     try:
@@ -68,14 +108,17 @@ class BuiltinClient:
 
     def __exit__(self, *exc: object) -> None:
         if self._open is not None:
-            self._open.close()
+            if _kept is not None and exc[0] is None:
+                _kept.give(self.config, self._open)
+            else:  # after a failure, a fresh one next time
+                self._open.close()
             self._open = None
 
     @contextmanager
     def _allocator(self) -> Iterator[Allocator]:
         with cni_errors():
             if self._open is None:
-                self._open = open_allocator(self.config)
+                self._open = _kept.take(self.config) if _kept else open_allocator(self.config)
             yield self._open
 
     def add(self, attachment: Attachment) -> tuple[Result, bool]:

@@ -10,10 +10,13 @@ from ipam.prefix import PrefixAllocator
 from ipam.store import Store, store_path
 
 
-def open_allocator(config: NodeCIDRConfig | PrefixConfig, clock: Clock | None = None) -> Allocator:
-    """The allocator for ``config``; close it (or use ``with``) when done."""
+def open_allocator(
+    config: NodeCIDRConfig | PrefixConfig, clock: Clock | None = None, *, threads: bool = False
+) -> Allocator:
+    """The allocator for ``config``; close it (or use ``with``) when done. With
+    ``threads``, any thread may use it, one at a time."""
     clock = clock or SystemClock()
-    store = Store(store_path(config.state_dir, config.network), config.network)
+    store = Store(store_path(config.state_dir, config.network), config.network, threads=threads)
     try:
         if isinstance(config, PrefixConfig):
             return PrefixAllocator(config, store, clock)

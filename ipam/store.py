@@ -159,10 +159,10 @@ def write_transaction(db: sqlite3.Connection, path: str) -> Iterator[sqlite3.Con
 
 
 class Store:
-    def __init__(self, path: str, network: str) -> None:
+    def __init__(self, path: str, network: str, threads: bool = False) -> None:
         self.path = path
         try:
-            self.db = open_database(path)
+            self.db = open_database(path, threads)
             self._migrate(network)
         except (OSError, sqlite3.Error) as err:
             raise StoreError(f'failed to open IPAM store "{path}": {err}') from None

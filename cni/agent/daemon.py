@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Any
 
-from cni import wiring
+from cni import ipam_client, wiring
 from cni.agent.enforcer import Enforcer
 from cni.agent.handlers import Handlers
 from cni.agent.server import AgentServer
@@ -106,6 +106,7 @@ class Agent:
         self.reaper = Reaper(conf.bpf_dir)
         self.reaper.start()
         self.state = AgentState(conf.state_dir, conf.network)
+        self.allocators = ipam_client.keep_allocators_open()
         from cni.agent import metrics
 
         self.metrics = metrics.Metrics(conf, self.datapath)
@@ -152,6 +153,7 @@ class Agent:
         self.reaper.stop()
         self.metrics.close()
         self.state.close()
+        self.allocators.close()
         self.datapath.close()
 
     def _attach_uplinks(self) -> None:

@@ -2,9 +2,14 @@
 applied to its local manifest store.
 
 One SQLite database per network, ``<stateDir>/agent/<network>.db``, written in
-the same transaction-per-change, fsync-per-commit way as the IPAM store.
-Everything else the agent knows is derived (policies are recomputed, the
-datapath is pinned in bpffs and keeps enforcing while the agent is away).
+the same transaction-per-change way as the IPAM store. Applied objects are
+fsynced at each commit: a policy must survive a power cut. Endpoint records
+are not (``synchronous=NORMAL``: a commit survives the agent's crash, which
+is what they are for, but maybe not the node's): they only matter while
+their veth exists, and after the node restarts no veth or pinned map does.
+That keeps an fsync off every ADD and DEL. Everything else the agent knows is
+derived (policies are recomputed, the datapath is pinned in bpffs and keeps
+enforcing while the agent is away).
 """
 
 from __future__ import annotations
@@ -71,9 +76,12 @@ class AgentState:
         self.db.close()
 
     @contextmanager
-    def _transaction(self) -> Iterator[None]:
-        with self.lock, write_transaction(self.db, f"agent state {self.path}"):
-            yield
+    def _transaction(self, durable: bool = True) -> Iterator[None]:
+        with self.lock:
+            # Set outside the transaction, under the lock every writer holds.
+            self.db.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
+            with write_transaction(self.db, f"agent state {self.path}"):
+                yield
 
     # -- endpoints ---------------------------------------------------------------
 
@@ -87,7 +95,7 @@ class AgentState:
         ]
 
     def put_endpoint(self, record: EndpointRecord) -> None:
-        with self._transaction():
+        with self._transaction(durable=False):
             self.db.execute(
                 "INSERT OR REPLACE INTO endpoints VALUES (?, ?, ?, ?, ?, ?)",
                 (
@@ -101,7 +109,7 @@ class AgentState:
             )
 
     def remove_endpoint(self, key: tuple[str, str]) -> None:
-        with self._transaction():
+        with self._transaction(durable=False):
             self.db.execute("DELETE FROM endpoints WHERE container_id = ? AND ifname = ?", key)
 
     # -- the local manifest store -------------------------------------------------
