@@ -265,6 +265,7 @@ class PolicyCluster:
         protocol: str = "tcp",
         sources: Iterable[str] | None = None,
         via: dict[str, str] | None = None,
+        timeout: float = 1.0,
     ) -> Matrix:
         """Who reaches whom on one port: {(from, to): reached}; by pod address, or by the
         addresses in ``via`` (a Service's ClusterIP for each pod)."""
@@ -274,7 +275,9 @@ class PolicyCluster:
         with ThreadPoolExecutor(max_workers=len(sources)) as pool:
             results = dict(
                 zip(
-                    sources, pool.map(lambda s: self.pods[s].reaches(targets), sources), strict=True
+                    sources,
+                    pool.map(lambda s: self.pods[s].reaches(targets, timeout), sources),
+                    strict=True,
                 )
             )
         return {(s, t): ok for s in sources for t, ok in zip(keys, results[s], strict=True)}
