@@ -173,9 +173,12 @@ class Agent:
 
     def _finish_cut_off_pairs(self) -> None:
         """DELs that answered but whose release an earlier agent never finished: their
-        node-side veths are down (a pod's pair is up from the end of its ADD until
-        its DEL; a down one is also left by an ADD that failed midway, which the
-        runtime deletes anyway)."""
+        node-side veths are down. Only where policy is enforced: there only the agent
+        wires pods, so a pair is up from the end of its ADD until its DEL, and a down
+        one is also left only by an ADD that failed midway, which the runtime
+        deletes anyway (elsewhere DEL releases before it answers)."""
+        if self.conf.policy != "enforce":
+            return
         with node_socket() as node:
             veths = wiring.node_veths(node, self.conf.network)
         for (container_id, ifname), veth in veths.items():

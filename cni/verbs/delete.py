@@ -6,15 +6,19 @@ namespace is gone, when CNI_NETNS is empty, when it is repeated, and when no
 ADD ever happened. Kernel state goes first and the address last, so an
 address is never free while a route to it still exists.
 
-A long-lived caller (the agent) may pass ``defer``: DEL then only cuts the
+A long-lived caller (the agent) may pass ``defer``: DEL then first cuts the
 pair off (down, so the kernel drops the node's routes through it, and its
-endpoint forgotten, so its programs drop anything left) and hands the rest
-to ``defer``, to run after DEL has answered, in the same order as above:
-masquerade entry, conntrack entries, address, and last the veth (its
-deletion waits for the kernel's RCU callbacks). Until then the address stays
-allocated, so no other pod can get it, and the down veth marks the unfinished
-DEL: were the caller to die in between, ``finish_cut_off`` (the agent at
-start), the attachment's next ADD, or GC completes it.
+endpoint forgotten, so its programs drop anything left) and hands what is
+slow to ``defer``, to run after DEL has answered. In a network whose policy
+is enforced, only the agent ever wires pods, so a down veth there can only
+be an unfinished DEL (or a failed ADD, which is deleted anyway); everything
+after the cut-off is deferred, in the order above, the veth last. Until
+then the address stays allocated, so no other pod can get it, and were the
+agent to die in between, the down veth marks the unfinished DEL:
+``finish_cut_off`` (the agent at start), the attachment's next ADD, or GC
+completes it. In other networks an in-process ADD may be making a down pair
+at any moment, so the release runs before DEL answers and only the veth's
+deletion (which waits for the kernel's RCU callbacks) is deferred.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from cni.verbs import load_conf
 
 log = logging.getLogger("sluice")
 
-# Takes the function that deletes a cut-off pair and runs it later.
+# Takes what DEL leaves for after its answer and runs it then.
 Defer = Callable[[Callable[[], None]], None]
 
 
@@ -61,44 +65,57 @@ def delete(
                 # which the kernel drops once the veth is down.
                 routed = wiring.node_routed_ips(node, veth)
                 delete_veth = wiring.cut_off(node, veth, conf.bpf_dir)
-                defer(lambda: _release(conf, attachment, prev, routed, delete_veth))
-                return
-    _release(conf, attachment, prev, None, None)
+        if veth is not None:
+            if conf.policy == "enforce":
+                defer(lambda: _finish(conf, attachment, prev, routed, delete_veth))
+            else:
+                _release(conf, attachment, prev, routed)
+                defer(delete_veth)
+            return
+    _release(conf, attachment, prev, None)
 
 
 def finish_cut_off(conf: NetConf, attachment: Attachment) -> None:
     """Complete a DEL whose pair was cut off but whose release never ran (its
     caller died in between): the same release, found from the down veth."""
-    delete(conf, attachment, defer=lambda release: release())
+    delete(conf, attachment, defer=lambda finish: finish())
 
 
-def _release(
+def _finish(
     conf: NetConf,
     attachment: Attachment,
     prev: Result | None,
-    routed: list[str] | None,
-    delete_veth: Callable[[], None] | None,
+    routed: list[str],
+    delete_veth: Callable[[], None],
 ) -> None:
-    """Everything DEL removes after the pair is out of service (``delete_veth`` set)
-    or with it (None: the veth, if any, is deleted here first)."""
+    """The release, then the veth: should the release fail, the down veth still marks
+    the DEL as unfinished."""
+    _release(conf, attachment, prev, routed)
+    delete_veth()
+
+
+def _release(
+    conf: NetConf, attachment: Attachment, prev: Result | None, routed: list[str] | None
+) -> None:
+    """Everything DEL removes once the pair is out of service (``routed``: the
+    addresses the node routed to it), or with the pair (None: the veth, if any, is
+    deleted here first)."""
     with ipam_client.client(conf.ipam, conf.cni_version) as ipam:
         ips = set(ipam.addresses(attachment))
         with node_socket() as node:
-            if delete_veth is None:
+            if routed is None:
                 veth = _own_veth(node, attachment)
                 if veth is not None and not ips:
                     ips.update(wiring.node_routed_ips(node, veth))  # a delegated IPAM
                 wiring.unwire(node, veth, conf.bpf_dir)
             elif not ips:
-                ips.update(routed or ())
+                ips.update(routed)
             # prevResult may be stale (a late DEL): skip an address another pod now has.
             ips.update(ip for ip in prev_ips(prev, attachment) if not _routed_elsewhere(node, ip))
         if conf.ip_masq:
             masq.remove(conf.network, sorted(ips))
         forget_connections(sorted(ips))
         ipam.delete(attachment)
-    if delete_veth is not None:
-        delete_veth()
 
 
 def _own_veth(node: Rtnl, attachment: Attachment) -> link.Link | None:

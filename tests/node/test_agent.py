@@ -147,6 +147,12 @@ def test_policy_off_networks_use_the_agent_when_it_is_there(
     net: AgentNetwork, pods: PodNamespaces
 ) -> None:
     config = net.network.config(policy="off", agentSocket=net.socket)
+    first = pods.new()
+    net.network.add(first, "c0", config=config, cni_args=k8s_args("x", "z"))
+    net.network.delete(first, "c0", config=config).ok()
+    # In-process ADDs may run beside the agent here, so its DEL releases before it
+    # answers; only the veth's deletion comes after.
+    assert net.network.allocations() == {} and net.network.masqueraded() == set()
     netns = pods.new()
     net.network.add(netns, "c1", config=config, cni_args=k8s_args("x", "a"))
     assert [e["pod"] for e in net.endpoints()] == ["x/a"]
