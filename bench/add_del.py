@@ -13,6 +13,7 @@ network namespace:
   agent and for ptp + host-local.
 
     .venv/bin/python bench/add_del.py [--rounds 5] [--pods 20] [--burst 100] [--no-ip-masq]
+        [--attach tcx|tc]
 """
 
 from __future__ import annotations
@@ -167,6 +168,12 @@ def main() -> None:
     parser.add_argument(
         "--no-ip-masq", action="store_true", help="run all without masquerading (ptp's default)"
     )
+    parser.add_argument(
+        "--attach",
+        choices=("tcx", "tc"),
+        default="tcx",
+        help="how sluice's programs go onto pod veths (the datapath's \"attach\")",
+    )
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("run as root: the benchmark creates namespaces and veths")
@@ -198,6 +205,7 @@ def main() -> None:
             "bpfDir": bpf_dir,
             "agentSocket": str(work / "run" / f"{name}.sock"),
             "ipam": {"type": "sluice-ipam", "subnet": subnet},
+            "datapath": {"attach": args.attach},
         }
 
     in_process = sluice_config("bench-solo", "off", "10.210.0.0/16")
@@ -251,7 +259,7 @@ def main() -> None:
 
     print(
         f"ADD/DEL latency, {args.rounds} rounds x {args.pods} pods, one pod at a time, "
-        f"ipMasq {'on' if masq else 'off'}"
+        f"ipMasq {'on' if masq else 'off'}, sluice attaching with {args.attach}"
     )
     print(f"{'plugin':<22}{'ADD median':>12}{'DEL median':>12}{'ADD ratio':>11}{'DEL ratio':>11}")
     for contender in contenders:

@@ -60,6 +60,7 @@ def create_pair(
     mtu: int,
     pod_mac: str | None,
     bpf_dir: str,
+    tcx: bool = True,
 ) -> tuple[int, Attaching]:
     """Create the pair, both ends down, and start attaching the programs to its node
     end; return the node-side veth's ifindex and the attaching.
@@ -72,7 +73,7 @@ def create_pair(
     # Before the attach: the kernel takes the RTNL lock for disable_ipv6 by trylock,
     # restarting the write in a busy loop while an attach holds it.
     endpoint.no_ipv6_from_pod(pair.node_veth)
-    return node_index, Attaching(node_index, pair.node_veth, bpf_dir)
+    return node_index, Attaching(node_index, pair.node_veth, bpf_dir, tcx)
 
 
 class Attaching:
@@ -81,19 +82,19 @@ class Attaching:
     11 ms, holding the RTNL lock), time in which ADD allocates the address,
     registers the endpoint and installs its policy. ``wait`` before the pair goes up."""
 
-    def __init__(self, ifindex: int, name: str, bpf_dir: str) -> None:
+    def __init__(self, ifindex: int, name: str, bpf_dir: str, tcx: bool = True) -> None:
         self.error: BaseException | None = None
         self._thread = threading.Thread(
             target=self._run,
-            args=(ifindex, name, bpf_dir),
+            args=(ifindex, name, bpf_dir, tcx),
             name=f"attach-{name}",
             daemon=True,
         )
         self._thread.start()
 
-    def _run(self, ifindex: int, name: str, bpf_dir: str) -> None:
+    def _run(self, ifindex: int, name: str, bpf_dir: str, tcx: bool) -> None:
         try:
-            endpoint.attach_new(None, ifindex, name, bpf_dir)
+            endpoint.attach_new(None, ifindex, name, bpf_dir, tcx)
         except BaseException as err:  # handed to wait()
             self.error = err
 

@@ -11,6 +11,7 @@ import click
 
 from cni import launcher, netconf
 from cni.conflist import DEFAULT_CONF
+from cni.datapath.settings import ATTACH_MODES
 
 # Chained plugins sluicectl knows how to configure, with the capabilities
 # they need from the runtime.
@@ -33,6 +34,7 @@ def build_conflist(
     cluster_cidr: str | None,
     mtu: int | None,
     chain: tuple[str, ...],
+    attach: str = "tcx",
 ) -> dict[str, Any]:
     plugin: dict[str, Any] = {
         "type": "sluice",
@@ -47,6 +49,8 @@ def build_conflist(
         plugin["mtu"] = mtu
     if cluster_cidr:
         plugin["clusterCIDR"] = cluster_cidr
+    if attach != "tcx":
+        plugin["datapath"] = {"attach": attach}
     plugins = [plugin]
     for chained in chain:
         entry: dict[str, Any] = {"type": chained}
@@ -133,6 +137,15 @@ def _cidr(ctx: click.Context, param: click.Parameter, value: str | None) -> str 
     type=click.Choice(sorted(CHAIN_CAPABILITIES)),
     help="Append a reference plugin to the chain (repeatable).",
 )
+@click.option(
+    "--attach",
+    default="tcx",
+    show_default=True,
+    type=click.Choice(list(ATTACH_MODES)),
+    help="How the programs go onto each pod's veth: tcx links, or tc filters on a "
+    "clsact qdisc (faster to attach; excludes another ingress qdisc, so not with "
+    "--chain bandwidth).",
+)
 def install(
     bin_dir: str,
     conf_dir: str,
@@ -148,8 +161,14 @@ def install(
     bpf_dir: str,
     agent_socket: str,
     chain: tuple[str, ...],
+    attach: str,
 ) -> None:
     """Write the sluice and sluice-ipam launchers into BIN_DIR and a conflist into CONF_DIR."""
+    if attach == "tc" and "bandwidth" in chain:
+        raise click.UsageError(
+            "--attach tc puts a clsact qdisc on each pod's veth, where bandwidth needs "
+            "an ingress qdisc of its own: use --attach tcx with --chain bandwidth"
+        )
     os.makedirs(bin_dir, exist_ok=True)
     os.makedirs(conf_dir, exist_ok=True)
     for executable in launcher.ENTRY_POINTS:
@@ -166,6 +185,7 @@ def install(
         cluster_cidr,
         mtu,
         chain,
+        attach,
     )
     path = os.path.join(conf_dir, conf_name)
     tmp = f"{path}.tmp.{os.getpid()}"

@@ -178,11 +178,12 @@ def register(ifindex: int, name: str, pod_ips: list[str], bpf_dir: str, flags: i
         raise CNIError(ERR_KERNEL, f'failed to attach the datapath to "{name}": {err}') from None
 
 
-def attach_new(ipr: Rtnl | None, ifindex: int, name: str, bpf_dir: str) -> None:
-    """The endpoint programs on a new veth (``ipr``: a node socket for the clsact
-    fallback, None to open one), errors as CNI errors."""
+def attach_new(ipr: Rtnl | None, ifindex: int, name: str, bpf_dir: str, tcx: bool = True) -> None:
+    """The endpoint programs on a new veth (``ipr``: a node socket for clsact filters,
+    None to open one), errors as CNI errors. ``tcx`` False: clsact filters even where
+    the kernel has tcx (the datapath's "attach": "tc")."""
     try:
-        attach_programs(ipr, ifindex, name, bpf_dir)
+        attach_programs(ipr, ifindex, name, bpf_dir, tcx=tcx)
     except bpf.BPFError as err:
         raise CNIError(ERR_KERNEL, f'failed to attach the datapath to "{name}": {err}') from None
 
@@ -193,10 +194,13 @@ def attach_programs(
     name: str,
     bpf_dir: str,
     hooks: dict[str, tuple[int, str]] = HOOKS,
+    *,
+    tcx: bool = True,
 ) -> None:
-    """The pinned programs on the device's hooks: tcx links, or clsact filters (with
-    ``ipr``, or a node socket of its own when it is None)."""
-    if _attach_links(ifindex, bpf_dir, hooks):
+    """The pinned programs on the device's hooks: tcx links (where the kernel has them
+    and ``tcx``), else clsact filters (with ``ipr``, or a node socket of its own when
+    it is None)."""
+    if tcx and _attach_links(ifindex, bpf_dir, hooks):
         return
     with contextlib.ExitStack() as stack:
         if ipr is None:

@@ -89,7 +89,7 @@ def add(
             # while the address is allocated and the policy installed; it stays down
             # until all of that is done.
             node_index, attaching = wiring.create_pair(
-                node, pod, netns.fd, pair, mtu, mac, conf.bpf_dir
+                node, pod, netns.fd, pair, mtu, mac, conf.bpf_dir, conf.datapath.attach == "tcx"
             )
             ipam_result, allocated = ipam.add(attachment)
             stop()

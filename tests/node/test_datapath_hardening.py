@@ -16,9 +16,9 @@ from cni.datapath import endpoint
 from cni.datapath.maps import Datapath
 from cni.net import link
 from cni.net.netlink import Rtnl
-from tests.node.test_datapath import PROBE, PYTHON, Pod, Server
 from tests.support import packets as pk
 from tests.support.cni_run import TEST_BPF_DIR, Network, PodNamespaces, in_netns, node_veth
+from tests.support.datapath_pods import PROBE, PYTHON, Pod, Server
 
 NODE_MAC = bytes.fromhex("eeeeeeeeeeee")
 

@@ -24,7 +24,6 @@ from cni.datapath import endpoint
 from cni.datapath import policy as P
 from cni.datapath.maps import Datapath
 from cni.net.netlink import Rtnl
-from tests.node.test_datapath import PROBE, PYTHON, HeldConnection, Pod, Server
 from tests.support.cni_run import (
     SESSION_TAG,
     TEST_BPF_DIR,
@@ -33,6 +32,7 @@ from tests.support.cni_run import (
     in_netns,
     node_veth,
 )
+from tests.support.datapath_pods import PROBE, PYTHON, HeldConnection, Pod, Server
 from tests.support.kube_proxy import KubeProxy, NftKubeProxy
 
 

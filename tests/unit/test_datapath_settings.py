@@ -31,6 +31,8 @@ def test_keys_map_to_fields_and_the_config_map() -> None:
         ({"conntrackPerEndpoint": "big"}, "'big'"),
         ({"maxEndpoints": True}, "True"),
         ({"conntrackPerEndpont": 5}, '"conntrackPerEndpont"'),
+        ({"attach": "clsact"}, "\"datapath.attach\" is 'clsact'"),
+        ({"attach": 1}, '"datapath.attach" is 1'),
         ([1], "object"),
     ],
 )
@@ -38,6 +40,14 @@ def test_errors_name_the_key_and_value(value: object, named: str) -> None:
     with pytest.raises(ValueError, match=named.replace("(", r"\(").replace('"', '"')) as err:
         settings.parse(value)
     assert named in str(err.value)
+
+
+def test_attach_is_chosen_per_network_and_not_part_of_the_pinned_state() -> None:
+    assert DatapathSettings().attach == "tcx"
+    tc = settings.parse({"attach": "tc"})
+    assert tc.attach == "tc"
+    assert tc.config_fields() == DatapathSettings().config_fields()
+    assert tc.compiled() == DatapathSettings().compiled()
 
 
 def test_settings_are_frozen() -> None:
