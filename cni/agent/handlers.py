@@ -27,12 +27,14 @@ from cni.call import execute
 from cni.errors import (
     ERR_CHECK_FAILED,
     ERR_INVALID_CONFIG,
+    ERR_NO_ADDRESS,
     ERR_NOT_AVAILABLE,
     ERR_TRY_AGAIN,
     CNIError,
 )
 from cni.netconf import NetConf
 from cni.protocol import Request, prev_result, requested_mac, valid_attachments
+from cni.result import Result
 from cni.verbs import add, check, delete, gc, status
 
 log = logging.getLogger("sluice.agent")
@@ -147,14 +149,25 @@ class Handlers:
             except NotReady as err:
                 raise CNIError(ERR_TRY_AGAIN, str(err)) from None
 
-        try:
-            result = add.add(
+        def wire() -> Result:
+            return add.add(
                 conf,
                 attachment,
                 prev_result(request),
                 requested_mac(request),
                 before_up=before_up,
             )
+
+        try:
+            try:
+                result = wire()
+            except CNIError as err:
+                # Addresses of answered DELs may still be on their way back: once
+                # they are, the pool may have room again.
+                if err.code != ERR_NO_ADDRESS or not self.retirer.pending():
+                    raise
+                self.retirer.drain()
+                result = wire()
         except BaseException:
             if registered:  # the ADD was undone: so is the endpoint
                 self.enforcer.endpoint_gone(attachment.key)

@@ -49,6 +49,10 @@ class Retirer:
         if future is not None:
             future.result()
 
+    def pending(self) -> bool:
+        with self._guard:
+            return bool(self._pending)
+
     def drain(self) -> None:
         """Return once every release submitted so far is done."""
         with self._guard:

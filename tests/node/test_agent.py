@@ -220,6 +220,31 @@ def test_a_del_the_agent_died_after_answering_is_finished_at_its_next_start(
     net.delete(netns, "c1", "x", "a")
 
 
+def test_an_add_into_a_full_pool_gets_the_address_of_an_answered_del(
+    net: AgentNetwork, pods: PodNamespaces
+) -> None:
+    """DEL answers before its address is back in the pool; an ADD that finds the pool
+    empty meanwhile waits for what DELs are still releasing instead of failing."""
+    base = net.network.subnet.rsplit(".", 1)[0]
+    ipam = {
+        "type": "sluice-ipam",
+        "subnet": net.network.subnet,
+        "rangeStart": f"{base}.10",
+        "rangeEnd": f"{base}.11",
+    }
+    config = net.config(ipam=ipam)
+    first, second, third = pods.new(), pods.new(), pods.new()
+    net.network.add(first, "c1", config=config, cni_args=k8s_args("x", "a"))
+    net.network.add(second, "c2", config=config, cni_args=k8s_args("x", "b"))
+    full = net.network.run("ADD", config, container_id="c0", netns=third, ifname="eth0")
+    assert full.error_code == 102, full.out
+    net.network.delete(first, "c1", config=config, cni_args=k8s_args("x", "a")).ok()
+    result = net.network.add(third, "c3", config=config, cni_args=k8s_args("x", "c"))
+    assert result["ips"][0]["address"].split("/")[0] in (f"{base}.10", f"{base}.11")
+    for netns, cid in ((second, "c2"), (third, "c3")):
+        net.network.delete(netns, cid, config=config).ok()
+
+
 # -- who may talk to it, and what they may say ---------------------------------------------------
 
 
