@@ -159,12 +159,14 @@ class Handlers:
             )
 
         try:
+            finished, _ = self.retirer.progress()
             try:
                 result = wire()
             except CNIError as err:
-                # Addresses of answered DELs may still be on their way back: once
+                # Addresses of answered DELs may have been on their way back: once
                 # they are, the pool may have room again.
-                if err.code != ERR_NO_ADDRESS or not self.retirer.pending():
+                now_finished, pending = self.retirer.progress()
+                if err.code != ERR_NO_ADDRESS or not (pending or now_finished != finished):
                     raise
                 self.retirer.drain()
                 result = wire()

@@ -29,6 +29,7 @@ class Retirer:
     def __init__(self, workers: int = WORKERS) -> None:
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="retire")
         self._pending: dict[Key, Future[None]] = {}
+        self._finished = 0
         self._guard = threading.Lock()
 
     def defer(self, key: Key) -> Callable[[Callable[[], None]], None]:
@@ -49,9 +50,11 @@ class Retirer:
         if future is not None:
             future.result()
 
-    def pending(self) -> bool:
+    def progress(self) -> tuple[int, bool]:
+        """(releases finished so far, whether any is pending): an ADD that failed for
+        want of an address compares it with what it was before it tried."""
         with self._guard:
-            return bool(self._pending)
+            return self._finished, bool(self._pending)
 
     def drain(self) -> None:
         """Return once every release submitted so far is done."""
@@ -73,5 +76,6 @@ class Retirer:
 
     def _forget(self, key: Key, done: Future[None]) -> None:
         with self._guard:
+            self._finished += 1
             if self._pending.get(key) is done:
                 del self._pending[key]
