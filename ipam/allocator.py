@@ -12,7 +12,7 @@ import ipaddress
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from ipam.clock import Clock, Instant
 from ipam.config import IPAMConfig
@@ -22,8 +22,7 @@ from ipam.store import AllocationRow, Store
 log = logging.getLogger("sluice.ipam")
 
 
-@dataclass(frozen=True)
-class Allocation:
+class Allocation(NamedTuple):
     ip: ipaddress.IPv4Address
     prefixlen: int
     container_id: str
