@@ -9,17 +9,17 @@ served.
 from __future__ import annotations
 
 import ipaddress
-import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import NamedTuple
 
+from ipam import logs
 from ipam.clock import Clock, Instant
 from ipam.config import IPAMConfig
 from ipam.errors import NoAddress
 from ipam.store import AllocationRow, Store
 
-log = logging.getLogger("sluice.ipam")
+log = logs.get("sluice.ipam")
 
 
 class Allocation(NamedTuple):

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import logging
 import os
 import threading
 import time
@@ -47,8 +46,9 @@ from cni.datapath import ctpool, rcu
 from cni.datapath.lock import state_lock
 from cni.datapath.maps import Datapath
 from cni.datapath.structs import NONE
+from cni.log import logger
 
-log = logging.getLogger("sluice")
+log = logger("sluice")
 
 REAPER_DIR = "reaper"
 POOL_TARGET = 16  # empty tables kept ready (each costs its LRU's memory, ~0.4 MB at 4096)

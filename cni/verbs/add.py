@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
-import logging
 import signal
 from collections.abc import Callable
 from typing import Any
@@ -24,6 +23,7 @@ from cni.errors import (
     ERR_UNSUPPORTED_FIELD,
     CNIError,
 )
+from cni.log import logger
 from cni.net import link, masq, sysctl
 from cni.net.netlink import Rtnl, node_socket, pod_socket
 from cni.net.netns import open_pod_netns
@@ -33,7 +33,7 @@ from cni.protocol import Request, prev_result, requested_mac
 from cni.result import Interface, IPConfig, Result, Route, chain
 from cni.verbs import load_conf, require_standalone
 
-log = logging.getLogger("sluice")
+log = logger("sluice")
 
 # Runs with the node-side veth's ifindex and the pod's addresses once the datapath
 # is attached and before the pair is up (the agent installs the pod's policy there).

@@ -14,11 +14,11 @@ veth's deletion, which waits for the kernel's RCU callbacks, is handed to
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 
 from cni import ipam_client, wiring
 from cni.attachment import Attachment, parse_alias
+from cni.log import logger
 from cni.net import conntrack, link, masq
 from cni.net.netlink import Rtnl, node_socket
 from cni.netconf import NetConf
@@ -26,7 +26,7 @@ from cni.protocol import Request, prev_result
 from cni.result import Result
 from cni.verbs import load_conf
 
-log = logging.getLogger("sluice")
+log = logger("sluice")
 
 # Takes the function that deletes a cut-off pair and runs it later.
 Defer = Callable[[Callable[[], None]], None]
