@@ -9,9 +9,9 @@ Two modes:
 
 from __future__ import annotations
 
+import _socket  # not socket: its enums and selectors cost a one-call process
 import ipaddress
 import re
-import socket
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from ipam.errors import InvalidConfig, Unsupported
@@ -184,7 +184,7 @@ def _prefix(ipam: dict[str, Any], common: dict[str, Any]) -> PrefixConfig:
     if not _is_int(warm) or warm < 0:
         raise InvalidConfig(f'invalid "ipam.warmPrefixes" {warm!r}: must be 0 or more')
     claims_dir = ipam.get("claimsDir") or f"{common['state_dir']}/claims"
-    node = ipam.get("nodeName") or socket.gethostname()
+    node = ipam.get("nodeName") or _socket.gethostname()
     if not isinstance(node, str) or not NODE_NAME.match(node):
         raise InvalidConfig(f'invalid "ipam.nodeName" {node!r}')
     return PrefixConfig(

@@ -11,7 +11,7 @@ header fields by name (``msg["index"]``), attributes by the kernel's name
 
 from __future__ import annotations
 
-import socket
+import _socket  # not socket: its enums and selectors cost a one-call process
 import struct
 
 TYPE_CHECKING = False
@@ -65,7 +65,7 @@ def _str(data: bytes) -> str:
 
 
 def _ip(data: bytes) -> str:
-    return socket.inet_ntop(socket.AF_INET if len(data) == 4 else socket.AF_INET6, data)
+    return _socket.inet_ntop(_socket.AF_INET if len(data) == 4 else _socket.AF_INET6, data)
 
 
 def _mac(data: bytes) -> str:
@@ -148,7 +148,7 @@ def asciiz(value: str) -> bytes:
 
 
 def ipv4(address: str) -> bytes:
-    return socket.inet_pton(socket.AF_INET, address)
+    return _socket.inet_pton(_socket.AF_INET, address)
 
 
 def mac(address: str) -> bytes:

@@ -18,10 +18,10 @@ the same namespace.
 
 from __future__ import annotations
 
+import _socket  # not socket: its enums and selectors cost a one-call process
 import errno
 import importlib
 import importlib.util
-import socket
 import struct
 import sys
 import types
@@ -129,7 +129,7 @@ class Rtnl:
 
     def __init__(self, netns: Netns | None = None) -> None:
         self.netns = netns  # where the fallback IPRoute must be opened, if not the node
-        self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, 0)
+        self.sock = _socket.socket(_socket.AF_NETLINK, _socket.SOCK_RAW | _socket.SOCK_CLOEXEC, 0)
         try:
             self.sock.setsockopt(SOL_NETLINK, NETLINK_EXT_ACK, 1)
             # Dumps filtered by the kernel (index, table, output interface).
