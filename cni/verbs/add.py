@@ -7,9 +7,10 @@ entry or address behind.
 
 from __future__ import annotations
 
+# _signal, not signal: the module's enums cost a one-call process more than its use here.
+import _signal
 import contextlib
 import ipaddress
-import signal
 from collections.abc import Callable
 from typing import Any
 
@@ -212,14 +213,14 @@ class StopRequest:
 
     def __init__(self) -> None:
         self.signal: int | None = None
-        signal.signal(signal.SIGTERM, self._record)
+        _signal.signal(_signal.SIGTERM, self._record)
 
     def _record(self, signum: int, frame: object) -> None:
         self.signal = signum
 
     def ignore(self) -> None:
         """From here on, finish regardless (also during interpreter shutdown)."""
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        _signal.signal(_signal.SIGTERM, _signal.SIG_IGN)
 
     def check(self) -> None:
         if self.signal is not None:
