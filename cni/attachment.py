@@ -6,7 +6,7 @@ pod's namespace, and the veth's alias records which attachment it serves.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 # CPython's own SHA-256: hashlib loads OpenSSL first, which costs a one-call
 # plugin process more than the rest of the module.
@@ -39,8 +39,7 @@ def parse_alias(alias: str | None) -> tuple[str, str, str] | None:
     return (parts[0], parts[1], parts[2]) if len(parts) == 3 else None
 
 
-@dataclass(frozen=True)
-class Attachment:
+class Attachment(NamedTuple):
     network: str
     container_id: str
     ifname: str

@@ -10,14 +10,12 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 DEFAULT_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 
 
-@dataclass(frozen=True)
-class Invocation:
+class Invocation(NamedTuple):
     """One plugin execution: exit code, stdout parsed as JSON (None if it is not),
     raw output, and how long it took."""
 

@@ -1,15 +1,32 @@
-"""Logging: stderr (which the runtime shows on failure) and an optional file."""
+"""Logging: stderr (which the runtime shows on failure) and an optional file.
+
+sluice's loggers (``logger``) load the logging module with their first message
+(``ipam.logs``), and ``setup`` installs the handlers then: a call that logs
+nothing never pays for it.
+"""
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
+
+from ipam import logs
 
 FORMAT = "%(asctime)s sluice[%(process)d] %(levelname)s %(message)s"
 
 
+def logger(name: str = "sluice") -> logs.Logger:
+    """``logging.getLogger(name)``, loaded with its first message."""
+    return logs.get(name)
+
+
 def setup(log_file: str | None) -> None:
+    logs.on_first_use(lambda: _install(log_file))
+
+
+def _install(log_file: str | None) -> None:
+    import logging
+
     root = logging.getLogger("sluice")
     if root.handlers:
         return

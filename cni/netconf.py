@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from cni.datapath import settings as datapath_settings
 from cni.datapath.settings import DatapathSettings
@@ -26,22 +25,24 @@ POLICY_MODES = ("enforce", "off")
 BUILTIN_IPAM = "sluice-ipam"
 
 
-@dataclass(frozen=True)
-class DelegatedIPAM:
+class DelegatedIPAM(NamedTuple):
     """An IPAM plugin other than sluice-ipam, run through CNI_PATH with the
     runtime's own environment and stdin (as the spec requires)."""
 
     plugin_type: str
-    stdin: bytes = field(repr=False)
+    stdin: bytes
     cni_path: tuple[str, ...] = ()
-    env: Mapping[str, str] = field(default_factory=dict, repr=False)
+    env: Mapping[str, str] = {}  # never changed, like the tuple holding it
+
+    def __repr__(self) -> str:
+        # The runtime's stdin and environment stay out of logs and error messages.
+        return f"DelegatedIPAM(plugin_type={self.plugin_type!r}, cni_path={self.cni_path!r})"
 
 
 IPAMConf = ipam_config.NodeCIDRConfig | ipam_config.PrefixConfig | DelegatedIPAM
 
 
-@dataclass(frozen=True)
-class NetConf:
+class NetConf(NamedTuple):
     network: str
     cni_version: str
     mtu: int | None  # None: the MTU of the node's default-route interface
@@ -56,7 +57,7 @@ class NetConf:
     ipam: IPAMConf
     dns: DNS
     log_file: str | None
-    datapath: DatapathSettings = field(default_factory=DatapathSettings)
+    datapath: DatapathSettings = DatapathSettings()
     # Interfaces towards other nodes, where the agent judges service flows to remote
     # backends (None: the interface of the node's default route).
     uplinks: tuple[str, ...] | None = None

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from cni import versions
@@ -20,7 +19,7 @@ from cni.errors import (
     ERR_INVALID_ENV,
     CNIError,
 )
-from cni.result import Result
+from cni.result import Fields, Result
 
 COMMANDS = ("ADD", "DEL", "CHECK", "STATUS", "GC", "VERSION")
 
@@ -52,18 +51,43 @@ KNOWN_ARGS = (
 )
 
 
-@dataclass
-class Request:
-    command: str
-    cni_version: str
-    network: str
-    config: dict[str, Any]
-    raw_config: bytes  # passed unchanged to delegated plugins
-    env: Mapping[str, str]
-    container_id: str = ""
-    netns: str = ""
-    ifname: str = ""
-    args: dict[str, str] = field(default_factory=dict)
+class Request(Fields):
+    __slots__ = (  # noqa: RUF023
+        "command",
+        "cni_version",
+        "network",
+        "config",
+        "raw_config",
+        "env",
+        "container_id",
+        "netns",
+        "ifname",
+        "args",
+    )
+
+    def __init__(
+        self,
+        command: str,
+        cni_version: str,
+        network: str,
+        config: dict[str, Any],
+        raw_config: bytes,
+        env: Mapping[str, str],
+        container_id: str = "",
+        netns: str = "",
+        ifname: str = "",
+        args: dict[str, str] | None = None,
+    ) -> None:
+        self.command = command
+        self.cni_version = cni_version
+        self.network = network
+        self.config = config
+        self.raw_config = raw_config  # passed unchanged to delegated plugins
+        self.env = env
+        self.container_id = container_id
+        self.netns = netns
+        self.ifname = ifname
+        self.args: dict[str, str] = {} if args is None else args
 
     @property
     def plugin_path(self) -> tuple[str, ...]:

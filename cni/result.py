@@ -8,28 +8,57 @@ a result of any version (a ``prevResult`` or a delegated IPAM answer) and
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass, field
 from typing import Any
 
 from cni.errors import ERR_DECODE, CNIError
 from cni.versions import at_least, require_supported
 
 
-@dataclass
-class Interface:
-    name: str
-    mac: str = ""
-    mtu: int = 0
-    sandbox: str = ""
-    socket_path: str = ""
-    pci_id: str = ""
+class Fields:
+    """``==`` and ``repr`` over the ``__slots__`` (in the fields' order, not sorted),
+    as a (mutable) dataclass has them: importing the dataclasses module costs a
+    one-call plugin process more than all the classes that use this."""
+
+    __slots__: tuple[str, ...] = ()
+    __hash__ = None  # type: ignore[assignment]  # mutable, so not hashable
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return all(getattr(self, name) == getattr(other, name) for name in self.__slots__)
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)
+        return f"{type(self).__name__}({fields})"
 
 
-@dataclass
-class IPConfig:
-    address: str  # CIDR form, e.g. "10.244.1.5/24"
-    gateway: str = ""
-    interface: int | None = None
+class Interface(Fields):
+    __slots__ = ("name", "mac", "mtu", "sandbox", "socket_path", "pci_id")  # noqa: RUF023
+
+    def __init__(
+        self,
+        name: str,
+        mac: str = "",
+        mtu: int = 0,
+        sandbox: str = "",
+        socket_path: str = "",
+        pci_id: str = "",
+    ) -> None:
+        self.name = name
+        self.mac = mac
+        self.mtu = mtu
+        self.sandbox = sandbox
+        self.socket_path = socket_path
+        self.pci_id = pci_id
+
+
+class IPConfig(Fields):
+    __slots__ = ("address", "gateway", "interface")
+
+    def __init__(self, address: str, gateway: str = "", interface: int | None = None) -> None:
+        self.address = address  # CIDR form, e.g. "10.244.1.5/24"
+        self.gateway = gateway
+        self.interface = interface
 
     @property
     def ip(self) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
@@ -40,23 +69,42 @@ class IPConfig:
         return self.ip.version
 
 
-@dataclass
-class Route:
-    dst: str
-    gw: str = ""
-    mtu: int = 0
-    advmss: int = 0
-    priority: int = 0
-    table: int | None = None
-    scope: int | None = None
+class Route(Fields):
+    __slots__ = ("dst", "gw", "mtu", "advmss", "priority", "table", "scope")  # noqa: RUF023
+
+    def __init__(
+        self,
+        dst: str,
+        gw: str = "",
+        mtu: int = 0,
+        advmss: int = 0,
+        priority: int = 0,
+        table: int | None = None,
+        scope: int | None = None,
+    ) -> None:
+        self.dst = dst
+        self.gw = gw
+        self.mtu = mtu
+        self.advmss = advmss
+        self.priority = priority
+        self.table = table
+        self.scope = scope
 
 
-@dataclass
-class DNS:
-    nameservers: list[str] = field(default_factory=list)
-    domain: str = ""
-    search: list[str] = field(default_factory=list)
-    options: list[str] = field(default_factory=list)
+class DNS(Fields):
+    __slots__ = ("nameservers", "domain", "search", "options")  # noqa: RUF023
+
+    def __init__(
+        self,
+        nameservers: list[str] | None = None,
+        domain: str = "",
+        search: list[str] | None = None,
+        options: list[str] | None = None,
+    ) -> None:
+        self.nameservers: list[str] = [] if nameservers is None else nameservers
+        self.domain = domain
+        self.search: list[str] = [] if search is None else search
+        self.options: list[str] = [] if options is None else options
 
     def is_empty(self) -> bool:
         return not (self.nameservers or self.domain or self.search or self.options)
@@ -86,13 +134,22 @@ class DNS:
         )
 
 
-@dataclass
-class Result:
-    cni_version: str
-    interfaces: list[Interface] = field(default_factory=list)
-    ips: list[IPConfig] = field(default_factory=list)
-    routes: list[Route] = field(default_factory=list)
-    dns: DNS = field(default_factory=DNS)
+class Result(Fields):
+    __slots__ = ("cni_version", "interfaces", "ips", "routes", "dns")  # noqa: RUF023
+
+    def __init__(
+        self,
+        cni_version: str,
+        interfaces: list[Interface] | None = None,
+        ips: list[IPConfig] | None = None,
+        routes: list[Route] | None = None,
+        dns: DNS | None = None,
+    ) -> None:
+        self.cni_version = cni_version
+        self.interfaces: list[Interface] = [] if interfaces is None else interfaces
+        self.ips: list[IPConfig] = [] if ips is None else ips
+        self.routes: list[Route] = [] if routes is None else routes
+        self.dns = DNS() if dns is None else dns
 
     # -- reading -------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import ipaddress
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from cni.attachment import ALIAS_PREFIX, parse_alias
 from cni.datapath import endpoint
@@ -31,8 +31,7 @@ DEFAULT_ROUTE = "0.0.0.0/0"
 DEFAULT_MTU = 1500
 
 
-@dataclass(frozen=True)
-class VethPair:
+class VethPair(NamedTuple):
     """The names of a pod's veth pair."""
 
     node_veth: str  # on the node
@@ -43,7 +42,7 @@ class VethPair:
 def pod_routes(requested: list[RouteSpec]) -> list[RouteSpec]:
     """Requested IPv4 routes sent through the gateway, with a default route when none is."""
     routes = [
-        replace(r, gw=GATEWAY, scope=None)
+        r._replace(gw=GATEWAY, scope=None)
         for r in requested
         if ipaddress.ip_network(r.dst, strict=False).version == 4
     ]

@@ -9,21 +9,20 @@ served.
 from __future__ import annotations
 
 import ipaddress
-import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from typing import NamedTuple
 
+from ipam import logs
 from ipam.clock import Clock, Instant
 from ipam.config import IPAMConfig
 from ipam.errors import NoAddress
 from ipam.store import AllocationRow, Store
 
-log = logging.getLogger("sluice.ipam")
+log = logs.get("sluice.ipam")
 
 
-@dataclass(frozen=True)
-class Allocation:
+class Allocation(NamedTuple):
     ip: ipaddress.IPv4Address
     prefixlen: int
     container_id: str

@@ -17,8 +17,7 @@ import os
 import sqlite3
 import time
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from ipam.store import open_database, write_transaction
 
@@ -33,8 +32,7 @@ CLAIMS_SCHEMA = """
 """
 
 
-@dataclass(frozen=True)
-class Claim:
+class Claim(NamedTuple):
     block: ipaddress.IPv4Network
     node: str
     network: str

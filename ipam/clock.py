@@ -10,14 +10,12 @@ a fresh allocation look old; across a reboot only the wall clock can tell.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 
 
-@dataclass(frozen=True)
-class Instant:
+class Instant(NamedTuple):
     wall: float  # seconds since the epoch
     boot: float  # seconds since boot (CLOCK_BOOTTIME)
     boot_id: str

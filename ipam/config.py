@@ -9,11 +9,10 @@ Two modes:
 
 from __future__ import annotations
 
+import _socket  # not socket: its enums and selectors cost a one-call process
 import ipaddress
 import re
-import socket
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from ipam.errors import InvalidConfig, Unsupported
 
@@ -24,8 +23,7 @@ DEFAULT_WARM_PREFIXES = 1
 NODE_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$")
 
 
-@dataclass(frozen=True)
-class IPAMRoute:
+class IPAMRoute(NamedTuple):
     dst: ipaddress.IPv4Network
     gw: ipaddress.IPv4Address | None = None
 
@@ -33,8 +31,10 @@ class IPAMRoute:
         return {"dst": str(self.dst), **({"gw": str(self.gw)} if self.gw else {})}
 
 
-@dataclass(frozen=True)
-class IPAMConfig:
+@runtime_checkable
+class IPAMConfig(Protocol):
+    """What the configurations of both modes have (each mode's is a NamedTuple)."""
+
     network: str
     routes: tuple[IPAMRoute, ...]
     cooldown_seconds: float
@@ -42,11 +42,14 @@ class IPAMConfig:
 
     def to_json(self) -> dict[str, Any]:
         """The configuration as the ``ipam`` object would state it, defaults filled in."""
-        raise NotImplementedError
+        ...
 
 
-@dataclass(frozen=True)
-class NodeCIDRConfig(IPAMConfig):
+class NodeCIDRConfig(NamedTuple):
+    network: str
+    routes: tuple[IPAMRoute, ...]
+    cooldown_seconds: float
+    state_dir: str
     subnet: ipaddress.IPv4Network
     range_start: ipaddress.IPv4Address
     range_end: ipaddress.IPv4Address
@@ -79,8 +82,11 @@ class NodeCIDRConfig(IPAMConfig):
         }
 
 
-@dataclass(frozen=True)
-class PrefixConfig(IPAMConfig):
+class PrefixConfig(NamedTuple):
+    network: str
+    routes: tuple[IPAMRoute, ...]
+    cooldown_seconds: float
+    state_dir: str
     pool: ipaddress.IPv4Network
     prefix_length: int
     warm_prefixes: int
@@ -178,7 +184,7 @@ def _prefix(ipam: dict[str, Any], common: dict[str, Any]) -> PrefixConfig:
     if not _is_int(warm) or warm < 0:
         raise InvalidConfig(f'invalid "ipam.warmPrefixes" {warm!r}: must be 0 or more')
     claims_dir = ipam.get("claimsDir") or f"{common['state_dir']}/claims"
-    node = ipam.get("nodeName") or socket.gethostname()
+    node = ipam.get("nodeName") or _socket.gethostname()
     if not isinstance(node, str) or not NODE_NAME.match(node):
         raise InvalidConfig(f'invalid "ipam.nodeName" {node!r}')
     return PrefixConfig(

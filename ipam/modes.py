@@ -6,7 +6,6 @@ from ipam.allocator import Allocator
 from ipam.clock import Clock, SystemClock
 from ipam.config import NodeCIDRConfig, PrefixConfig
 from ipam.nodecidr import NodeCIDRAllocator
-from ipam.prefix import PrefixAllocator
 from ipam.store import Store, store_path
 
 
@@ -19,6 +18,9 @@ def open_allocator(
     store = Store(store_path(config.state_dir, config.network), config.network, threads=threads)
     try:
         if isinstance(config, PrefixConfig):
+            # Only here: prefix mode brings the claim store, which node-CIDR mode never needs.
+            from ipam.prefix import PrefixAllocator
+
             return PrefixAllocator(config, store, clock)
         return NodeCIDRAllocator(config, store, clock)
     except BaseException:

@@ -21,8 +21,8 @@ So no process can allocate from a block its node does not hold a claim for.
 from __future__ import annotations
 
 import ipaddress
-import logging
 
+from ipam import logs
 from ipam.allocator import Allocator
 from ipam.claims import Claim, LocalClaimStore
 from ipam.clock import Clock
@@ -30,7 +30,7 @@ from ipam.config import PrefixConfig
 from ipam.errors import StoreError
 from ipam.store import Store
 
-log = logging.getLogger("sluice.ipam")
+log = logs.get("sluice.ipam")
 Block = ipaddress.IPv4Network
 
 

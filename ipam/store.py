@@ -24,8 +24,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from ipam.clock import Instant
 from ipam.errors import StoreError
@@ -63,8 +62,7 @@ ALLOCATION_COLUMNS = (
 )
 
 
-@dataclass(frozen=True)
-class AllocationRow:
+class AllocationRow(NamedTuple):
     ip: str
     container_id: str
     ifname: str

@@ -26,11 +26,12 @@ and policy maps the endpoint used are garbage that the reaper
 
 from __future__ import annotations
 
+# _socket, not socket: the module's enums and selectors cost a one-call process.
+import _socket as socket
 import contextlib
 import ctypes
 import errno
 import os
-import socket
 
 from cni.datapath import bpf, ctpool, reaper
 from cni.datapath.lock import state_lock

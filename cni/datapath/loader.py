@@ -23,7 +23,6 @@ the project's own headers (``#include "x.h"``) into one text first.
 from __future__ import annotations
 
 import hashlib
-import logging
 import os
 import re
 import shutil
@@ -37,8 +36,9 @@ from cni.datapath.lock import state_lock
 from cni.datapath.maps import MAPS, PROGRAMS, Datapath, DatapathMismatch
 from cni.datapath.settings import DatapathSettings
 from cni.errors import ERR_KERNEL, CNIError
+from cni.log import logger
 
-log = logging.getLogger("sluice")
+log = logger("sluice")
 
 SOURCE_DIR = Path(__file__).resolve().parent.parent.parent / "bpf"
 BPFFS_ROOT = "/sys/fs/bpf"

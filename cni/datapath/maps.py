@@ -16,8 +16,7 @@ from __future__ import annotations
 import ctypes
 import os
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from cni.datapath import bpf, rcu
 from cni.datapath.lock import state_lock
@@ -69,8 +68,7 @@ class DatapathMismatch(DatapathMissing):
     """What is pinned under bpfDir was built with other struct layouts."""
 
 
-@dataclass(frozen=True)
-class TableFill:
+class TableFill(NamedTuple):
     """One endpoint's conntrack table: live entries, capacity, and what the datapath
     created and removed since attach (the LRU evicted the rest)."""
 

@@ -37,19 +37,18 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 from cni.datapath import ctpool, rcu
 from cni.datapath.lock import state_lock
 from cni.datapath.maps import Datapath
 from cni.datapath.structs import NONE
+from cni.log import logger
 
-log = logging.getLogger("sluice")
+log = logger("sluice")
 
 REAPER_DIR = "reaper"
 POOL_TARGET = 16  # empty tables kept ready (each costs its LRU's memory, ~0.4 MB at 4096)
@@ -60,14 +59,31 @@ FULL_SECONDS = 60.0  # and looks for leftovers this often
 DELETERS = 16  # threads deleting at once (their grace periods overlap)
 
 
-@dataclass
 class Reaped:
     """What one pass did."""
 
-    refilled: int = 0  # dirty tables replaced by empty ones, now free
-    added: int = 0  # new slots with empty tables, now free
-    tables_deleted: int = 0
-    policies_deleted: int = 0
+    __slots__ = ("added", "policies_deleted", "refilled", "tables_deleted")
+
+    def __init__(
+        self, refilled: int = 0, added: int = 0, tables_deleted: int = 0, policies_deleted: int = 0
+    ) -> None:
+        self.refilled = refilled  # dirty tables replaced by empty ones, now free
+        self.added = added  # new slots with empty tables, now free
+        self.tables_deleted = tables_deleted
+        self.policies_deleted = policies_deleted
+
+    def _counts(self) -> tuple[int, int, int, int]:
+        return (self.refilled, self.added, self.tables_deleted, self.policies_deleted)
+
+    def __eq__(self, other: object) -> bool:
+        return self._counts() == other._counts() if isinstance(other, Reaped) else NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # counts change as a pass goes
+
+    def __repr__(self) -> str:
+        return "Reaped(refilled={}, added={}, tables_deleted={}, policies_deleted={})".format(
+            *self._counts()
+        )
 
     def __bool__(self) -> bool:
         return any((self.refilled, self.added, self.tables_deleted, self.policies_deleted))

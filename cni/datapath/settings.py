@@ -24,8 +24,7 @@ qdisc on the veth, so ``"tc"`` cannot be chained with ``bandwidth``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, NamedTuple
 
 # config key -> (field, smallest, largest)
 KEYS = {
@@ -55,8 +54,7 @@ TUNABLES = (
 )
 
 
-@dataclass(frozen=True)
-class DatapathSettings:
+class DatapathSettings(NamedTuple):
     conntrack_per_endpoint: int = 4096
     max_endpoints: int = 16384
     max_services: int = 65536
@@ -108,7 +106,7 @@ def parse(value: Any) -> DatapathSettings:
             raise ValueError(f'"datapath.{key}" is {setting}, outside {low}..{high}')
         chosen[name] = setting
     settings = DatapathSettings(**chosen)
-    assert {f.name for f in fields(settings)} >= set(chosen)
+    assert set(settings._fields) >= set(chosen)
     return settings
 
 

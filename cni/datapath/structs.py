@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import _socket  # not socket: its enums and selectors cost a one-call process
 import ctypes
 import ipaddress
-import socket
 
 from cni.datapath.vocabulary import Direction, Reason
 
@@ -48,11 +48,11 @@ def ip_str(value: int) -> str:
 
 
 def port_be(port: int) -> int:
-    return socket.htons(port)
+    return _socket.htons(port)
 
 
 def port_host(value: int) -> int:
-    return socket.ntohs(value)
+    return _socket.ntohs(value)
 
 
 class Endpoint(ctypes.Structure):

@@ -14,8 +14,8 @@ masquerade removal) is pending.
 
 from __future__ import annotations
 
+import _socket  # not socket: its enums and selectors cost a one-call process
 import errno
-import socket
 import struct
 import threading
 
@@ -43,7 +43,7 @@ def _attr(kind: int, payload: bytes, nested: bool = False) -> bytes:
 
 
 def _flush_request(ip: str, reply: bool, destination: bool, sequence: int) -> bytes:
-    address = _attr(CTA_IP_V4_DST if destination else CTA_IP_V4_SRC, socket.inet_aton(ip))
+    address = _attr(CTA_IP_V4_DST if destination else CTA_IP_V4_SRC, _socket.inet_aton(ip))
     tuple_ = _attr(CTA_TUPLE_IP, address, nested=True)
     flags = FILTER_IP_DST if destination else FILTER_IP_SRC
     filter_ = _attr(
@@ -63,13 +63,13 @@ class _Channel:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.sock: socket.socket | None = None
+        self.sock: _socket.socket | None = None
         self.sequence = 0
 
     def flush(self, ips: list[str]) -> None:
         with self.lock:
             if self.sock is None:
-                sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC,
+                sock = _socket.socket(_socket.AF_NETLINK, _socket.SOCK_RAW | _socket.SOCK_CLOEXEC,
                                      NETLINK_NETFILTER)  # fmt: skip
                 sock.bind((0, 0))
                 self.sock = sock
@@ -96,7 +96,7 @@ def forget(ips: list[str]) -> None:
         _channel.flush(ips)
 
 
-def _expect_ack(sock: socket.socket, sequence: int) -> None:
+def _expect_ack(sock: _socket.socket, sequence: int) -> None:
     while True:
         data = sock.recv(65536)
         offset = 0

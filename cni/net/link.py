@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from cni.net.netlink import NetlinkError, Rtnl, is_missing, kernel_op
 from cni.net.route import OUTSIDE_ADDRESS, output_interface
@@ -14,8 +13,7 @@ NODE_VETH_MAC = "ee:ee:ee:ee:ee:ee"
 IFF_UP = 0x1
 
 
-@dataclass(frozen=True)
-class Link:
+class Link(NamedTuple):
     index: int
     name: str
     mac: str

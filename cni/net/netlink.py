@@ -1,7 +1,7 @@
 """Netlink sockets for the node and for a pod, and error wrapping.
 
-The sockets are ``Rtnl`` (cni/net/rtnl.py): pyroute2's messages on a plain
-synchronous socket, without importing the rest of pyroute2.
+The sockets are ``Rtnl`` (cni/net/rtnl.py): the messages sluice needs, packed
+by ``cni.net.rtmsg``, on a plain synchronous socket; pyroute2 serves the rest.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from cni.net.netlink import Rtnl, kernel_op
 
@@ -14,8 +14,7 @@ MAIN_TABLE = 254
 OUTSIDE_ADDRESS = "192.0.2.1"  # TEST-NET-1 (RFC 5737)
 
 
-@dataclass(frozen=True)
-class RouteSpec:
+class RouteSpec(NamedTuple):
     dst: str  # CIDR
     gw: str = ""  # "" when on-link
     mtu: int = 0
@@ -25,8 +24,7 @@ class RouteSpec:
     scope: int | None = None
 
 
-@dataclass(frozen=True)
-class KernelRoute:
+class KernelRoute(NamedTuple):
     dst: str  # CIDR
     gw: str  # "" when on-link
     scope: int

@@ -1,11 +1,14 @@
-"""A synchronous rtnetlink socket with pyroute2's message classes.
+"""A synchronous rtnetlink socket for the messages sluice sends.
 
 pyroute2's ``IPRoute`` runs on an asyncio core, and importing the package
 loads every subsystem it has (NDB, IPDB, conntrack, ethtool, nftables…):
-about a quarter of a second for a process that lives for one CNI call. The
-messages themselves (ifinfmsg, ifaddrmsg, rtmsg, ndmsg) encode and decode
-without any of that, so this module sends them on a plain netlink socket and
-waits for the answer: a request and its acknowledgement, or a dump.
+about a quarter of a second for a process that lives for one CNI call. Even
+its message classes pull in multiprocessing and platform. So this module
+packs the few messages sluice needs itself (``cni.net.rtmsg``), sends them on
+a plain netlink socket and waits for the answer: a request and its
+acknowledgement, or a dump. Errors are pyroute2's ``NetlinkError``, loaded
+without the package around it, so that they are the very class the rest of
+pyroute2 raises.
 
 ``Rtnl`` has the few typed operations sluice's wiring needs. Any other
 attribute (``link``, ``tc`` for the clsact fallback, ``get_filters``…) is
@@ -15,55 +18,60 @@ the same namespace.
 
 from __future__ import annotations
 
+import _socket  # not socket: its enums and selectors cost a one-call process
 import errno
 import importlib
 import importlib.util
-import socket
 import struct
 import sys
 import types
-from typing import TYPE_CHECKING, Any
 
+from cni.net import rtmsg
+from cni.net.rtmsg import Message, asciiz, attr, attrs, ipv4, mac, u32
+
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     from cni.net.netns import Netns
 
 
-def _import_messages_only() -> None:
-    """Register the pyroute2 package without running its ``__init__`` (which imports
+def _package_stub(name: str) -> None:
+    """Register the package ``name`` without running its ``__init__`` (which imports
     every subsystem), unless something has imported it already. The first use of
     a name from the package itself (``from pyroute2 import IPRoute``) runs the
     ``__init__`` after all, so other code sees the package it expects."""
-    if "pyroute2" in sys.modules:
+    if name in sys.modules:
         return
-    spec = importlib.util.find_spec("pyroute2")
+    spec = importlib.util.find_spec(name)
     if spec is None or spec.loader is None or spec.submodule_search_locations is None:
-        raise ImportError("pyroute2 is not installed")
-    package = types.ModuleType("pyroute2")
+        raise ImportError(f"{name} is not installed")
+    package = types.ModuleType(name)
     package.__path__ = list(spec.submodule_search_locations)
     package.__spec__ = spec
     package.__file__ = spec.origin
     package.__loader__ = spec.loader
 
-    def complete(name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        if importlib.util.find_spec(f"pyroute2.{name}") is not None:
-            return importlib.import_module(f"pyroute2.{name}")  # a submodule
+    def complete(attribute: str) -> Any:
+        if attribute.startswith("__"):
+            raise AttributeError(attribute)
+        if importlib.util.find_spec(f"{name}.{attribute}") is not None:
+            return importlib.import_module(f"{name}.{attribute}")  # a submodule
         del package.__getattr__  # type: ignore[attr-defined]
         spec.loader.exec_module(package)  # type: ignore[union-attr]
-        return getattr(package, name)
+        return getattr(package, attribute)
 
     package.__getattr__ = complete  # type: ignore[attr-defined]
-    sys.modules["pyroute2"] = package
+    sys.modules[name] = package
+    parent, _, child = name.rpartition(".")
+    if parent:
+        setattr(sys.modules[parent], child, package)  # as an import would
 
 
-_import_messages_only()
+_package_stub("pyroute2")
+_package_stub("pyroute2.netlink")
 
 from pyroute2.netlink.exceptions import NetlinkError  # noqa: E402
-from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg  # noqa: E402
-from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg  # noqa: E402
-from pyroute2.netlink.rtnl.ndmsg import ndmsg  # noqa: E402
-from pyroute2.netlink.rtnl.rtmsg import rtmsg  # noqa: E402
 
 __all__ = ["NetlinkError", "Rtnl"]
 
@@ -88,12 +96,23 @@ RTM_NEWLINK, RTM_DELLINK, RTM_GETLINK = 16, 17, 18
 RTM_NEWADDR, RTM_GETADDR = 20, 22
 RTM_NEWROUTE, RTM_GETROUTE = 24, 26
 RTM_NEWNEIGH, RTM_GETNEIGH = 28, 30
-ANSWER_CLASSES: dict[int, Any] = {
-    RTM_NEWLINK: ifinfmsg,
-    RTM_NEWADDR: ifaddrmsg,
-    RTM_NEWROUTE: rtmsg,
-    RTM_NEWNEIGH: ndmsg,
+# What an answer of each type is: its fixed header, the header's fields, its attributes.
+ANSWERS = {
+    RTM_NEWLINK: (rtmsg.IFINFMSG, rtmsg.IFINFMSG_FIELDS, rtmsg.LINK_ATTRS),
+    RTM_NEWADDR: (rtmsg.IFADDRMSG, rtmsg.IFADDRMSG_FIELDS, rtmsg.ADDRESS_ATTRS),
+    RTM_NEWROUTE: (rtmsg.RTMSG, rtmsg.RTMSG_FIELDS, rtmsg.ROUTE_ATTRS),
+    RTM_NEWNEIGH: (rtmsg.NDMSG, rtmsg.NDMSG_FIELDS, rtmsg.NEIGHBOR_ATTRS),
 }
+
+# Attribute types (linux/if_link.h, if_addr.h, rtnetlink.h, neighbour.h, veth.h).
+IFLA_ADDRESS, IFLA_IFNAME, IFLA_MTU, IFLA_LINKINFO, IFLA_IFALIAS = 1, 3, 4, 18, 20
+IFLA_NET_NS_FD = 28
+IFLA_INFO_KIND, IFLA_INFO_DATA = 1, 2
+VETH_INFO_PEER = 1
+IFA_ADDRESS, IFA_LOCAL, IFA_FLAGS = 1, 2, 8
+NDA_DST, NDA_LLADDR, NDA_IFINDEX = 1, 2, 8
+RTA_DST, RTA_OIF, RTA_GATEWAY, RTA_PRIORITY, RTA_METRICS, RTA_TABLE = 1, 4, 5, 6, 8, 15
+RTAX = {"RTAX_MTU": 2, "RTAX_ADVMSS": 8}
 
 AF_INET = 2
 IFF_UP = 0x1
@@ -110,7 +129,7 @@ class Rtnl:
 
     def __init__(self, netns: Netns | None = None) -> None:
         self.netns = netns  # where the fallback IPRoute must be opened, if not the node
-        self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, 0)
+        self.sock = _socket.socket(_socket.AF_NETLINK, _socket.SOCK_RAW | _socket.SOCK_CLOEXEC, 0)
         try:
             self.sock.setsockopt(SOL_NETLINK, NETLINK_EXT_ACK, 1)
             # Dumps filtered by the kernel (index, table, output interface).
@@ -136,20 +155,18 @@ class Rtnl:
 
     # -- the transport ------------------------------------------------------------
 
-    def request(self, msg: Any, msg_type: int, flags: int = 0) -> list[Any]:
-        """Send one message; return the answers (a dump's, or an echo), or raise the
-        kernel's error as NetlinkError."""
+    def request(self, msg_type: int, body: bytes, flags: int = 0) -> list[Message]:
+        """Send one message (``body``: what follows the nlmsghdr); return the answers
+        (a dump's, or an echo), or raise the kernel's error as NetlinkError."""
         self.sequence += 1
-        msg["header"]["type"] = msg_type
-        msg["header"]["flags"] = NLM_F_REQUEST | flags
-        msg["header"]["sequence_number"] = self.sequence
-        msg["header"]["pid"] = 0
-        msg.encode()
-        self.sock.send(msg.data)
+        header = HEADER.pack(
+            HEADER.size + len(body), msg_type, NLM_F_REQUEST | flags, self.sequence, 0
+        )
+        self.sock.send(header + body)
         return self._answers(flags & NLM_F_DUMP == NLM_F_DUMP)
 
-    def _answers(self, dump: bool) -> list[Any]:
-        answers: list[Any] = []
+    def _answers(self, dump: bool) -> list[Message]:
+        answers: list[Message] = []
         while True:
             data = self.sock.recv(RECEIVE_BUFFER)
             offset = 0
@@ -168,115 +185,96 @@ class Rtnl:
                     return answers
                 if msg_type == NLMSG_DONE:
                     return answers
-                answer_class = ANSWER_CLASSES.get(msg_type)
-                if answer_class is not None:
-                    answer = answer_class(chunk)
-                    answer.decode()
-                    answers.append(answer)
+                answer = ANSWERS.get(msg_type)
+                if answer is not None:
+                    answers.append(rtmsg.decode(chunk[HEADER.size :], *answer))
                 if not dump:
                     return answers
 
-    def _ack(self, msg: Any, msg_type: int, flags: int = 0) -> None:
-        self.request(msg, msg_type, flags | NLM_F_ACK)
+    def _ack(self, msg_type: int, body: bytes, flags: int = 0) -> None:
+        self.request(msg_type, body, flags | NLM_F_ACK)
 
     # -- links ------------------------------------------------------------------------
 
-    def get_link(self, name: str | None = None, index: int = 0) -> Any:
-        msg = ifinfmsg()
-        msg["index"] = index
+    def get_link(self, name: str | None = None, index: int = 0) -> Message:
+        body = _ifinfmsg(index)
         if name is not None:
-            msg["attrs"] = [["IFLA_IFNAME", name]]
-        (answer,) = self.request(msg, RTM_GETLINK)
+            body += attr(IFLA_IFNAME, asciiz(name))
+        (answer,) = self.request(RTM_GETLINK, body)
         return answer
 
-    def dump_links(self) -> list[Any]:
-        return self.request(ifinfmsg(), RTM_GETLINK, NLM_F_DUMP)
+    def dump_links(self) -> list[Message]:
+        return self.request(RTM_GETLINK, _ifinfmsg(), NLM_F_DUMP)
 
     def add_veth(
         self,
         name: str,
-        mac: str,
+        mac_address: str,
         mtu: int,
         peer_name: str,
         peer_netns_fd: int,
         peer_mac: str | None,
     ) -> None:
         """A veth pair, its peer created directly inside another namespace."""
-        peer_attrs: list[list[Any]] = [
-            ["IFLA_IFNAME", peer_name],
-            ["IFLA_NET_NS_FD", peer_netns_fd],
-            ["IFLA_MTU", mtu],
-        ]
-        if peer_mac:
-            peer_attrs.append(["IFLA_ADDRESS", peer_mac])
-        peer = {"attrs": peer_attrs}
-        msg = ifinfmsg()
-        msg["attrs"] = [
-            ["IFLA_IFNAME", name],
-            ["IFLA_ADDRESS", mac],
-            ["IFLA_MTU", mtu],
+        peer = _ifinfmsg() + attrs(
             [
-                "IFLA_LINKINFO",
-                {
-                    "attrs": [
-                        ["IFLA_INFO_KIND", "veth"],
-                        ["IFLA_INFO_DATA", {"attrs": [["VETH_INFO_PEER", peer]]}],
-                    ]
-                },
-            ],
-        ]
-        self._ack(msg, RTM_NEWLINK, NLM_F_CREATE | NLM_F_EXCL)
+                (IFLA_IFNAME, asciiz(peer_name)),
+                (IFLA_NET_NS_FD, u32(peer_netns_fd)),
+                (IFLA_MTU, u32(mtu)),
+                *([(IFLA_ADDRESS, mac(peer_mac))] if peer_mac else []),
+            ]
+        )
+        linkinfo = attr(IFLA_INFO_KIND, asciiz("veth")) + attr(
+            IFLA_INFO_DATA, attr(VETH_INFO_PEER, peer)
+        )
+        body = _ifinfmsg() + attrs(
+            [
+                (IFLA_IFNAME, asciiz(name)),
+                (IFLA_ADDRESS, mac(mac_address)),
+                (IFLA_MTU, u32(mtu)),
+                (IFLA_LINKINFO, linkinfo),
+            ]
+        )
+        self._ack(RTM_NEWLINK, body, NLM_F_CREATE | NLM_F_EXCL)
 
     def set_link(self, index: int, *, up: bool | None = None, alias: str | None = None) -> None:
-        msg = ifinfmsg()
-        msg["index"] = index
+        flags = change = 0
         if up is not None:
-            msg["flags"] = IFF_UP if up else 0
-            msg["change"] = IFF_UP
+            flags = IFF_UP if up else 0
+            change = IFF_UP
+        body = _ifinfmsg(index, flags, change)
         if alias is not None:
-            msg["attrs"] = [["IFLA_IFALIAS", alias]]
-        self._ack(msg, RTM_NEWLINK)
+            body += attr(IFLA_IFALIAS, asciiz(alias))
+        self._ack(RTM_NEWLINK, body)
 
     def delete_link(self, name: str | None = None, index: int = 0) -> None:
-        msg = ifinfmsg()
+        body = _ifinfmsg(index)
         if name is not None:
-            msg["attrs"] = [["IFLA_IFNAME", name]]
-        msg["index"] = index
-        self._ack(msg, RTM_DELLINK)
+            body += attr(IFLA_IFNAME, asciiz(name))
+        self._ack(RTM_DELLINK, body)
 
     # -- addresses and neighbours --------------------------------------------------------
 
     def add_address(self, index: int, address: str, prefixlen: int, flags: int) -> None:
-        msg = ifaddrmsg()
-        msg["family"] = AF_INET
-        msg["prefixlen"] = prefixlen
-        msg["index"] = index
-        msg["attrs"] = [
-            ["IFA_LOCAL", address],
-            ["IFA_ADDRESS", address],
-            ["IFA_FLAGS", flags],
-        ]
-        self._ack(msg, RTM_NEWADDR, NLM_F_CREATE | NLM_F_EXCL)
+        body = rtmsg.IFADDRMSG.pack(AF_INET, prefixlen, 0, 0, index) + attrs(
+            [(IFA_LOCAL, ipv4(address)), (IFA_ADDRESS, ipv4(address)), (IFA_FLAGS, u32(flags))]
+        )
+        self._ack(RTM_NEWADDR, body, NLM_F_CREATE | NLM_F_EXCL)
 
-    def dump_addresses(self, index: int) -> list[Any]:
-        msg = ifaddrmsg()
-        msg["family"] = AF_INET
-        msg["index"] = index
-        return [a for a in self.request(msg, RTM_GETADDR, NLM_F_DUMP) if a["index"] == index]
+    def dump_addresses(self, index: int) -> list[Message]:
+        body = rtmsg.IFADDRMSG.pack(AF_INET, 0, 0, 0, index)
+        return [a for a in self.request(RTM_GETADDR, body, NLM_F_DUMP) if a["index"] == index]
 
-    def add_neighbor(self, index: int, ip: str, mac: str, state: int) -> None:
-        msg = ndmsg()
-        msg["family"] = AF_INET
-        msg["ifindex"] = index
-        msg["state"] = state
-        msg["attrs"] = [["NDA_DST", ip], ["NDA_LLADDR", mac]]
-        self._ack(msg, RTM_NEWNEIGH, NLM_F_CREATE | NLM_F_EXCL)
+    def add_neighbor(self, index: int, ip: str, mac_address: str, state: int) -> None:
+        body = rtmsg.NDMSG.pack(AF_INET, index, state, 0, 0) + attrs(
+            [(NDA_DST, ipv4(ip)), (NDA_LLADDR, mac(mac_address))]
+        )
+        self._ack(RTM_NEWNEIGH, body, NLM_F_CREATE | NLM_F_EXCL)
 
-    def dump_neighbors(self, index: int) -> list[Any]:
-        msg = ndmsg()
-        msg["family"] = AF_INET
-        msg["attrs"] = [["NDA_IFINDEX", index]]  # the strict dump filter
-        answers = self.request(msg, RTM_GETNEIGH, NLM_F_DUMP)
+    def dump_neighbors(self, index: int) -> list[Message]:
+        # NDA_IFINDEX: the strict dump filter
+        body = rtmsg.NDMSG.pack(AF_INET, 0, 0, 0, 0) + attr(NDA_IFINDEX, u32(index))
+        answers = self.request(RTM_GETNEIGH, body, NLM_F_DUMP)
         return [n for n in answers if n["ifindex"] == index]
 
     # -- routes ----------------------------------------------------------------------------
@@ -293,41 +291,38 @@ class Rtnl:
         priority: int = 0,
         metrics: dict[str, int] | None = None,
     ) -> None:
-        msg = rtmsg()
-        msg["family"] = AF_INET
-        msg["dst_len"] = dst_len
-        msg["table"] = table if table < 256 else 252  # RT_TABLE_COMPAT, the id goes in RTA_TABLE
-        msg["proto"] = RTPROT_BOOT
-        msg["scope"] = scope
-        msg["type"] = RTN_UNICAST
-        attrs: list[list[Any]] = [["RTA_DST", dst], ["RTA_OIF", oif], ["RTA_TABLE", table]]
+        header = rtmsg.RTMSG.pack(
+            AF_INET,
+            dst_len,
+            0,
+            0,
+            table if table < 256 else 252,  # RT_TABLE_COMPAT, the id goes in RTA_TABLE
+            RTPROT_BOOT,
+            scope,
+            RTN_UNICAST,
+            0,
+        )
+        pairs = [(RTA_DST, ipv4(dst)), (RTA_OIF, u32(oif)), (RTA_TABLE, u32(table))]
         if gateway:
-            attrs.append(["RTA_GATEWAY", gateway])
+            pairs.append((RTA_GATEWAY, ipv4(gateway)))
         if priority:
-            attrs.append(["RTA_PRIORITY", priority])
+            pairs.append((RTA_PRIORITY, u32(priority)))
         if metrics:
-            attrs.append(["RTA_METRICS", {"attrs": [[k, v] for k, v in metrics.items()]}])
-        msg["attrs"] = attrs
-        self._ack(msg, RTM_NEWROUTE, NLM_F_CREATE | NLM_F_EXCL)
+            pairs.append((RTA_METRICS, attrs((RTAX[k], u32(v)) for k, v in metrics.items())))
+        self._ack(RTM_NEWROUTE, header + attrs(pairs), NLM_F_CREATE | NLM_F_EXCL)
 
-    def dump_routes(self, oif: int) -> list[Any]:
+    def dump_routes(self, oif: int) -> list[Message]:
         """IPv4 routes through ``oif``, in every table but the kernel's local one."""
-        msg = rtmsg()
-        msg["family"] = AF_INET
-        msg["attrs"] = [["RTA_OIF", oif]]
+        body = _rtmsg() + attr(RTA_OIF, u32(oif))
         return [
             r
-            for r in self.request(msg, RTM_GETROUTE, NLM_F_DUMP)
+            for r in self.request(RTM_GETROUTE, body, NLM_F_DUMP)
             if r.get("RTA_OIF") == oif and (r.get("RTA_TABLE") or r["table"]) != RT_TABLE_LOCAL
         ]
 
-    def get_route(self, dst: str) -> Any:
+    def get_route(self, dst: str) -> Message:
         """The route the node would use for ``dst`` (a lookup, not a dump)."""
-        msg = rtmsg()
-        msg["family"] = AF_INET
-        msg["dst_len"] = 32
-        msg["attrs"] = [["RTA_DST", dst]]
-        (answer,) = self.request(msg, RTM_GETROUTE)
+        (answer,) = self.request(RTM_GETROUTE, _rtmsg(dst_len=32) + attr(RTA_DST, ipv4(dst)))
         return answer
 
     # -- everything else: a full pyroute2 IPRoute ------------------------------------------
@@ -349,6 +344,14 @@ class Rtnl:
         if name.startswith("_"):
             raise AttributeError(name)
         return getattr(self.full(), name)
+
+
+def _ifinfmsg(index: int = 0, flags: int = 0, change: int = 0) -> bytes:
+    return rtmsg.IFINFMSG.pack(0, 0, index, flags, change)  # AF_UNSPEC
+
+
+def _rtmsg(dst_len: int = 0) -> bytes:
+    return rtmsg.RTMSG.pack(AF_INET, dst_len, 0, 0, 0, 0, 0, 0, 0)
 
 
 def _ext_ack_message(chunk: bytes) -> str:

@@ -7,10 +7,10 @@ entry or address behind.
 
 from __future__ import annotations
 
+# _signal, not signal: the module's enums cost a one-call process more than its use here.
+import _signal
 import contextlib
 import ipaddress
-import logging
-import signal
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +24,7 @@ from cni.errors import (
     ERR_UNSUPPORTED_FIELD,
     CNIError,
 )
+from cni.log import logger
 from cni.net import link, masq, sysctl
 from cni.net.netlink import Rtnl, node_socket, pod_socket
 from cni.net.netns import open_pod_netns
@@ -33,7 +34,7 @@ from cni.protocol import Request, prev_result, requested_mac
 from cni.result import Interface, IPConfig, Result, Route, chain
 from cni.verbs import load_conf, require_standalone
 
-log = logging.getLogger("sluice")
+log = logger("sluice")
 
 # Runs with the node-side veth's ifindex and the pod's addresses once the datapath
 # is attached and before the pair is up (the agent installs the pod's policy there).
@@ -212,14 +213,14 @@ class StopRequest:
 
     def __init__(self) -> None:
         self.signal: int | None = None
-        signal.signal(signal.SIGTERM, self._record)
+        _signal.signal(_signal.SIGTERM, self._record)
 
     def _record(self, signum: int, frame: object) -> None:
         self.signal = signum
 
     def ignore(self) -> None:
         """From here on, finish regardless (also during interpreter shutdown)."""
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        _signal.signal(_signal.SIGTERM, _signal.SIG_IGN)
 
     def check(self) -> None:
         if self.signal is not None:

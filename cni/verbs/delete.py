@@ -23,11 +23,11 @@ deletion (which waits for the kernel's RCU callbacks) is deferred.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 
 from cni import ipam_client, wiring
 from cni.attachment import Attachment, parse_alias
+from cni.log import logger
 from cni.net import conntrack, link, masq
 from cni.net.netlink import Rtnl, node_socket
 from cni.netconf import NetConf
@@ -35,7 +35,7 @@ from cni.protocol import Request, prev_result
 from cni.result import Result
 from cni.verbs import load_conf
 
-log = logging.getLogger("sluice")
+log = logger("sluice")
 
 # Takes what DEL leaves for after its answer and runs it then.
 Defer = Callable[[Callable[[], None]], None]

@@ -11,13 +11,13 @@ reported together.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 
 from cni import ipam_client, wiring
 from cni.datapath import bpf, endpoint, reaper
 from cni.datapath.maps import Datapath, DatapathMissing
 from cni.errors import ERR_KERNEL, CNIError
+from cni.log import logger
 from cni.net import masq
 from cni.net.netlink import node_socket
 from cni.netconf import NetConf
@@ -25,7 +25,7 @@ from cni.protocol import Request, valid_attachments
 from cni.verbs import load_conf
 from cni.verbs.delete import forget_connections
 
-log = logging.getLogger("sluice")
+log = logger("sluice")
 
 
 def run(request: Request) -> None:
