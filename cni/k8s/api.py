@@ -20,9 +20,13 @@ from lightkube.config.client_adapter import Client as configured_client
 from lightkube.config.client_adapter import ConnectionParams
 from lightkube.config.kubeconfig import KubeConfig
 
+from cni.k8s.liststream import ListFormatError, list_members
+
 log = logging.getLogger("sluice.k8s")
 
 WATCH_SECONDS = 300  # the server ends a watch after this; it is resumed where it stopped
+BATCH = 100  # objects of a list handed on at a time (each decoded as it arrives)
+CONTINUE_EXCLUDES = ("resourceVersion", "resourceVersionMatch")
 
 
 class ApiError(Exception):
@@ -75,17 +79,54 @@ class Api:
         return Listed(items, version)
 
     def pages(self, path: str, **params: str) -> Iterator[tuple[list[dict[str, Any]], str]]:
-        """A collection a page at a time, each with the list's resourceVersion (final
-        with the last page), so that a caller can trim each page before the next
-        arrives instead of holding the whole collection as JSON."""
+        """A collection in batches of at most ``BATCH`` objects as they arrive, each with
+        the list's resourceVersion (final with the last batch), so that a caller trims
+        each batch before the next is decoded instead of holding the whole collection
+        as JSON. Server pages (``limit``/``continue``) are followed; the watch cache
+        answers ``resourceVersion=0`` in one piece however long, so each response is
+        read as a stream (``liststream``)."""
         query = {"limit": "500", **params}
         while True:
-            body = self._json("GET", path, params=query)
-            meta = body.get("metadata") or {}
-            yield body.get("items") or [], str(meta.get("resourceVersion", ""))
-            if not meta.get("continue"):
+            version, token = "", ""
+            batch: list[dict[str, Any]] = []
+            for member, value in self._list_stream(path, query):
+                if member == "item":
+                    batch.append(value)
+                    if len(batch) >= BATCH:
+                        yield batch, version
+                        batch = []
+                elif member == "metadata" and isinstance(value, dict):
+                    version = str(value.get("resourceVersion", ""))
+                    token = str(value.get("continue") or "")
+            yield batch, version
+            if not token:
                 return
-            query["continue"] = meta["continue"]
+            # The token carries the list's resourceVersion; the server refuses both with it.
+            query = {k: v for k, v in query.items() if k not in CONTINUE_EXCLUDES}
+            query["continue"] = token
+
+    def _list_stream(self, path: str, query: dict[str, str]) -> Iterator[tuple[str, Any]]:
+        try:
+            with self.client.stream("GET", path, params=query) as response:
+                if response.status_code >= 300:
+                    response.read()
+                    raise _error(response)
+                counted = 0
+
+                def chunks() -> Iterator[bytes]:
+                    nonlocal counted
+                    for chunk in response.iter_bytes():
+                        wire = response.num_bytes_downloaded
+                        self._count(len(chunk), wire - counted)
+                        counted = wire
+                        yield chunk
+
+                try:
+                    yield from list_members(chunks())
+                except ListFormatError as err:
+                    raise ApiError(0, f"GET {path}: not a list: {err}") from None
+        except httpx.HTTPError as err:
+            raise ApiError(0, f"GET {path} failed: {err}") from None
 
     def watch(
         self, path: str, resource_version: str, **params: str
