@@ -77,8 +77,10 @@ def percentile(values: list[float], fraction: float) -> float:
 
 def serve_agents(kubeconfig: str, resolver: str, nodes: list[str]) -> None:
     """An agent process: agents for ``nodes``, answering commands on stdin (JSON lines)."""
+    from cni.k8s.memory import limit_malloc_arenas
     from tests.support.simulated_agent import SimulatedAgent, recorded_installs
 
+    limit_malloc_arenas()  # as the agent's daemon does at start
     after_imports = rss_mb()
     setup = Api(kubeconfig)
     with recorded_installs():

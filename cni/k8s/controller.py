@@ -38,6 +38,7 @@ from cni.k8s import objects
 from cni.k8s.api import Api, ApiError
 from cni.k8s.informer import Informer
 from cni.k8s.lease import LEASE_SECONDS, RENEW_DEADLINE_SECONDS, RETRY_SECONDS, LeaderElector
+from cni.k8s.memory import limit_malloc_arenas
 from cni.k8s.objects import ADDRESS_SET, POLICY_ENDPOINTS, POLICY_TARGETS, ShardInfo
 from cni.k8s.publisher import ADDRESS_SET_CAPACITY, TARGETS_CAPACITY, Plan, Publisher, Write
 from cni.policy.model import NetworkPolicy
@@ -110,6 +111,7 @@ class Controller:
     def run(self, stopping: threading.Event) -> None:
         """Watch, contend for the lease, and publish while leading, until ``stopping``."""
         log.info("controller %s starting", self.identity)
+        limit_malloc_arenas()  # before the informers' and writers' threads (see memory)
         for informer in self.informers:
             informer.start()
         elector = threading.Thread(
