@@ -2,8 +2,8 @@
 raw JSON (no typed models, so nothing is built that would be thrown away at
 once), and the few writes the controller makes.
 
-Connection settings (server, TLS, credentials) come from lightkube: a
-kubeconfig file, or the pod's service account when run in a cluster.
+Connection settings (server, TLS, credentials) come from a kubeconfig file, or the
+pod's service account when run in a cluster (``kubeconfig``).
 """
 
 from __future__ import annotations
@@ -16,10 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx2 as httpx
-from lightkube.config.client_adapter import Client as configured_client
-from lightkube.config.client_adapter import ConnectionParams
-from lightkube.config.kubeconfig import KubeConfig
 
+from cni.k8s import kubeconfig as connection
 from cni.k8s.liststream import ListFormatError, list_members
 
 log = logging.getLogger("sluice.k8s")
@@ -49,9 +47,12 @@ class Listed:
 
 class Api:
     def __init__(self, kubeconfig: str | None = None) -> None:
-        config = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()
-        self.client = configured_client(
-            config.get(), ConnectionParams(timeout=httpx.Timeout(30, read=WATCH_SECONDS + 30))
+        conn = connection.load(kubeconfig)
+        self.client = httpx.Client(
+            base_url=conn.server,
+            verify=conn.verify,
+            auth=conn.auth,
+            timeout=httpx.Timeout(30, read=WATCH_SECONDS + 30),
         )
         # What the server sent: JSON bytes (decoded) and bytes on the wire (compressed,
         # when the server compresses a large list). For the scale figures.
