@@ -315,11 +315,12 @@ class _Fields:
         return sys.intern(namespace), name
 
 
-def shard_info(obj: Mapping[str, Any], with_labels: bool = True) -> ShardInfo:
-    """What an object of any of the three kinds says about itself, with a digest of its
-    spec (the controller's view: it never keeps the content). Its labels, which only
-    the controller compares (``with_labels=False``: none), as an interned label set: a
-    set's shards carry a label per node, the same hundred names on every object."""
+def shard_info(obj: Mapping[str, Any], controller: bool = True) -> ShardInfo:
+    """What an object of any of the three kinds says about itself, with what the
+    controller compares: a digest of its spec (it never keeps the content) and its
+    labels, as an interned label set (a set's shards carry a label per node, the same
+    hundred names on every object). An agent (``controller=False``) compares neither:
+    it gets no digest and no labels, which spares it hashing every shard it receives."""
     fields = _Fields(obj)
     spec = obj.get("spec")
     if not isinstance(spec, Mapping):
@@ -349,9 +350,9 @@ def shard_info(obj: Mapping[str, Any], with_labels: bool = True) -> ShardInfo:
         version=version,
         index=index,
         count=count,
-        labels=labels_of((str(k), str(v)) for k, v in labels.items()) if with_labels else NO_LABELS,
+        labels=labels_of((str(k), str(v)) for k, v in labels.items()) if controller else NO_LABELS,
         resource_version=str(fields.meta.get("resourceVersion") or ""),
-        content=spec_hash(spec),
+        content=spec_hash(spec) if controller else "",
     )
 
 
@@ -378,7 +379,7 @@ PublishedShard = PolicyShard | AddressShard | TargetsShard
 
 
 def parse_policy_endpoints(obj: Mapping[str, Any]) -> PolicyShard:
-    info = shard_info(obj, with_labels=False)  # the agent's: labels are the controller's
+    info = shard_info(obj, controller=False)
     fields = _Fields(obj)
     spec = obj["spec"]
     rules = fields.get(spec, "policy", dict)
@@ -396,7 +397,7 @@ def parse_policy_endpoints(obj: Mapping[str, Any]) -> PolicyShard:
 
 
 def parse_address_set(obj: Mapping[str, Any]) -> AddressShard:
-    info = shard_info(obj, with_labels=False)  # the agent's: labels are the controller's
+    info = shard_info(obj, controller=False)
     fields = _Fields(obj)
     pods = []
     for i, entry in enumerate(fields.get(obj["spec"], "pods", list)):
@@ -443,7 +444,7 @@ def _shared_pod(
 
 
 def parse_policy_targets(obj: Mapping[str, Any]) -> TargetsShard:
-    info = shard_info(obj, with_labels=False)  # the agent's: labels are the controller's
+    info = shard_info(obj, controller=False)
     fields = _Fields(obj)
     entries = []
     for i, entry in enumerate(fields.get(obj["spec"], "pods", list)):
