@@ -87,7 +87,7 @@ class Api:
         each batch before the next is decoded instead of holding the whole collection
         as JSON. Server pages (``limit``/``continue``) are followed; the watch cache
         answers ``resourceVersion=0`` in one piece however long, so each response is
-        read as a stream (``liststream``)."""
+        decoded an item at a time (``liststream``)."""
         query = {"limit": "500", **params}
         while True:
             version, token = "", ""

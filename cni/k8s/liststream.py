@@ -1,10 +1,10 @@
-"""A list response of the API read one item at a time, as its bytes arrive.
+"""A list response of the API decoded one item at a time, from its bytes in chunks.
 
 The API server's watch cache answers a list at ``resourceVersion=0`` in one
 piece whatever ``limit`` asks: 10,000 pods are 25 MB of JSON, and 108 MB once
-``json.loads`` has made Python objects of all of it. Read here, only one item
-is a Python object at a time (the caller trims it before the next), and only
-the undecoded tail of the text is buffered.
+``json.loads`` has made Python objects of all of it. Decoded here, only one
+item is a Python object at a time (the caller trims it before the next), and
+only a chunk of the text is held (``Api`` holds the body compressed).
 
 A list is an object whose members are decoded whole, except ``items``, an
 array whose elements are decoded one by one. The server writes ``metadata``
