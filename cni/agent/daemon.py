@@ -32,6 +32,7 @@ from cni.datapath.maps import Datapath
 from cni.datapath.reaper import Reaper
 from cni.errors import CNIError
 from cni.k8s.api import Api
+from cni.k8s.memory import limit_malloc_arenas
 from cni.k8s.shard_index import ShardIndex
 from cni.k8s.shard_source import controller_collections
 from cni.k8s.source import COLLECTIONS, KubernetesSource
@@ -98,6 +99,7 @@ class Agent:
 
     def start(self) -> None:
         started = time.monotonic()
+        limit_malloc_arenas()  # before any thread starts (see cni/k8s/memory.py)
         conf = self.conf
         if loader.load(conf.bpf_dir, settings=conf.datapath):
             log.info("compiled and pinned the datapath in %s", conf.bpf_dir)

@@ -2,8 +2,8 @@
 raw JSON (no typed models, so nothing is built that would be thrown away at
 once), and the few writes the controller makes.
 
-Connection settings (server, TLS, credentials) come from lightkube: a
-kubeconfig file, or the pod's service account when run in a cluster.
+Connection settings (server, TLS, credentials) come from a kubeconfig file, or the
+pod's service account when run in a cluster (``kubeconfig``).
 """
 
 from __future__ import annotations
@@ -11,18 +11,22 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import httpx2 as httpx
-from lightkube.config.client_adapter import Client as configured_client
-from lightkube.config.client_adapter import ConnectionParams
-from lightkube.config.kubeconfig import KubeConfig
+
+from cni.k8s import kubeconfig as connection
+from cni.k8s.liststream import ListFormatError, list_members
 
 log = logging.getLogger("sluice.k8s")
 
 WATCH_SECONDS = 300  # the server ends a watch after this; it is resumed where it stopped
+BATCH = 100  # objects of a list handed on at a time (each decoded as it arrives)
+INFLATE_CHUNK = 1 << 18  # decompressed bytes decoded at a time
+CONTINUE_EXCLUDES = ("resourceVersion", "resourceVersionMatch")
 
 
 class ApiError(Exception):
@@ -45,9 +49,12 @@ class Listed:
 
 class Api:
     def __init__(self, kubeconfig: str | None = None) -> None:
-        config = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()
-        self.client = configured_client(
-            config.get(), ConnectionParams(timeout=httpx.Timeout(30, read=WATCH_SECONDS + 30))
+        conn = connection.load(kubeconfig)
+        self.client = httpx.Client(
+            base_url=conn.server,
+            verify=conn.verify,
+            auth=conn.auth,
+            timeout=httpx.Timeout(30, read=WATCH_SECONDS + 30),
         )
         # What the server sent: JSON bytes (decoded) and bytes on the wire (compressed,
         # when the server compresses a large list). For the scale figures.
@@ -75,17 +82,73 @@ class Api:
         return Listed(items, version)
 
     def pages(self, path: str, **params: str) -> Iterator[tuple[list[dict[str, Any]], str]]:
-        """A collection a page at a time, each with the list's resourceVersion (final
-        with the last page), so that a caller can trim each page before the next
-        arrives instead of holding the whole collection as JSON."""
+        """A collection in batches of at most ``BATCH`` objects as they arrive, each with
+        the list's resourceVersion (final with the last batch), so that a caller trims
+        each batch before the next is decoded instead of holding the whole collection
+        as JSON. Server pages (``limit``/``continue``) are followed; the watch cache
+        answers ``resourceVersion=0`` in one piece however long, so each response is
+        decoded an item at a time (``liststream``)."""
         query = {"limit": "500", **params}
         while True:
-            body = self._json("GET", path, params=query)
-            meta = body.get("metadata") or {}
-            yield body.get("items") or [], str(meta.get("resourceVersion", ""))
-            if not meta.get("continue"):
+            version, token = "", ""
+            batch: list[dict[str, Any]] = []
+            for member, value in self._list_stream(path, query):
+                if member == "item":
+                    batch.append(value)
+                    if len(batch) >= BATCH:
+                        yield batch, version
+                        batch = []
+                elif member == "metadata" and isinstance(value, dict):
+                    version = str(value.get("resourceVersion", ""))
+                    token = str(value.get("continue") or "")
+            yield batch, version
+            if not token:
                 return
-            query["continue"] = meta["continue"]
+            # The token carries the list's resourceVersion; the server refuses both with it.
+            query = {k: v for k, v in query.items() if k not in CONTINUE_EXCLUDES}
+            query["continue"] = token
+
+    def _list_stream(self, path: str, query: dict[str, str]) -> Iterator[tuple[str, Any]]:
+        # The body is read off the network whole, compressed (the server gzips a large
+        # list: 25 MB of pods are about 1.2 MB), and decompressed and decoded a piece at
+        # a time afterwards. Reading at the pace of decoding instead stalls the server's
+        # writes while this process's threads take their turns, and the server ends a
+        # request that takes longer than its timeout (60 s) half-written.
+        try:
+            with self.client.stream(
+                "GET", path, params=query, headers={"Accept-Encoding": "gzip"}
+            ) as response:
+                if response.status_code >= 300:
+                    response.read()
+                    raise _error(response)
+                raw = list(response.iter_raw())
+                encoding = response.headers.get("content-encoding", "identity").lower()
+        except httpx.HTTPError as err:
+            raise ApiError(0, f"GET {path} failed: {err}") from None
+        if encoding not in ("identity", "gzip"):
+            raise ApiError(0, f"GET {path}: unexpected content-encoding {encoding!r}")
+        self._count(0, sum(map(len, raw)))
+
+        def chunks() -> Iterator[bytes]:
+            inflate = zlib.decompressobj(16 + zlib.MAX_WBITS) if encoding == "gzip" else None
+            while raw:
+                data = raw.pop(0)
+                if inflate is None:
+                    self._count(len(data), 0)
+                    yield data
+                    continue
+                while data:
+                    out = inflate.decompress(data, INFLATE_CHUNK)
+                    data = inflate.unconsumed_tail
+                    self._count(len(out), 0)
+                    yield out
+            if inflate is not None:
+                yield inflate.flush()
+
+        try:
+            yield from list_members(chunks())
+        except (ListFormatError, zlib.error) as err:
+            raise ApiError(0, f"GET {path}: not a list: {err}") from None
 
     def watch(
         self, path: str, resource_version: str, **params: str

@@ -38,6 +38,7 @@ from cni.k8s import objects
 from cni.k8s.api import Api, ApiError
 from cni.k8s.informer import Informer
 from cni.k8s.lease import LEASE_SECONDS, RENEW_DEADLINE_SECONDS, RETRY_SECONDS, LeaderElector
+from cni.k8s.memory import limit_malloc_arenas, release_free_memory
 from cni.k8s.objects import ADDRESS_SET, POLICY_ENDPOINTS, POLICY_TARGETS, ShardInfo
 from cni.k8s.publisher import ADDRESS_SET_CAPACITY, TARGETS_CAPACITY, Plan, Publisher, Write
 from cni.policy.model import NetworkPolicy
@@ -110,6 +111,7 @@ class Controller:
     def run(self, stopping: threading.Event) -> None:
         """Watch, contend for the lease, and publish while leading, until ``stopping``."""
         log.info("controller %s starting", self.identity)
+        limit_malloc_arenas()  # before the informers' and writers' threads (see memory)
         for informer in self.informers:
             informer.start()
         elector = threading.Thread(
@@ -184,6 +186,7 @@ class Controller:
 
     def _publish_loop(self, stopping: threading.Event) -> None:
         served = 0  # the term whose first full plan has been made
+        full_plan = False  # the plan being made is a term's first, of every object
         next_status = time.monotonic() + STATUS_SECONDS
         while not stopping.is_set():
             with self.lock:
@@ -204,6 +207,7 @@ class Controller:
                     served = term
                     log.info("term %d: planning every object again, then each change", term)
                     self.publisher.recompute_everything()
+                    full_plan = True
                 elif not self.publisher.pending():
                     continue
             stopping.wait(BATCH_SECONDS)
@@ -215,6 +219,10 @@ class Controller:
                 planned = time.monotonic() - started
             if plan:
                 self._execute(plan, term, planned)
+            if full_plan:
+                # Every object's body and the API's answers were made and dropped.
+                full_plan = False
+                release_free_memory()
 
     def _still_leading(self, term: int) -> bool:
         return self.leading and self.term == term

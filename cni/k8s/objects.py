@@ -28,12 +28,21 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from cni.policy.errors import MISSING, PolicyInputError
-from cni.policy.model import ContainerPort, NetworkPolicy, Pod, PodKey, PolicyKey
+from cni.policy.model import (
+    NO_LABELS,
+    ContainerPort,
+    NetworkPolicy,
+    Pod,
+    PodKey,
+    PolicyKey,
+    labels_of,
+)
 from cni.policy.parse import parse_network_policy
 from cni.policy.published import AddressSetKey
 from cni.policy.render import group_json, policy_spec_json
@@ -306,9 +315,12 @@ class _Fields:
         return sys.intern(namespace), name
 
 
-def shard_info(obj: Mapping[str, Any]) -> ShardInfo:
-    """What an object of any of the three kinds says about itself, with a digest of its
-    spec (the controller's view: it never keeps the content)."""
+def shard_info(obj: Mapping[str, Any], controller: bool = True) -> ShardInfo:
+    """What an object of any of the three kinds says about itself, with what the
+    controller compares: a digest of its spec (it never keeps the content) and its
+    labels, as an interned label set (a set's shards carry a label per node, the same
+    hundred names on every object). An agent (``controller=False``) compares neither:
+    it gets no digest and no labels, which spares it hashing every shard it receives."""
     fields = _Fields(obj)
     spec = obj.get("spec")
     if not isinstance(spec, Mapping):
@@ -338,9 +350,9 @@ def shard_info(obj: Mapping[str, Any]) -> ShardInfo:
         version=version,
         index=index,
         count=count,
-        labels=frozenset((str(k), str(v)) for k, v in labels.items()),
+        labels=labels_of((str(k), str(v)) for k, v in labels.items()) if controller else NO_LABELS,
         resource_version=str(fields.meta.get("resourceVersion") or ""),
-        content=spec_hash(spec),
+        content=spec_hash(spec) if controller else "",
     )
 
 
@@ -367,7 +379,7 @@ PublishedShard = PolicyShard | AddressShard | TargetsShard
 
 
 def parse_policy_endpoints(obj: Mapping[str, Any]) -> PolicyShard:
-    info = shard_info(obj)
+    info = shard_info(obj, controller=False)
     fields = _Fields(obj)
     spec = obj["spec"]
     rules = fields.get(spec, "policy", dict)
@@ -385,7 +397,7 @@ def parse_policy_endpoints(obj: Mapping[str, Any]) -> PolicyShard:
 
 
 def parse_address_set(obj: Mapping[str, Any]) -> AddressShard:
-    info = shard_info(obj)
+    info = shard_info(obj, controller=False)
     fields = _Fields(obj)
     pods = []
     for i, entry in enumerate(fields.get(obj["spec"], "pods", list)):
@@ -408,12 +420,31 @@ def parse_address_set(obj: Mapping[str, Any]) -> AddressShard:
                     sys.intern(fields.get(port, "protocol", str, where)),
                 )
             )
-        pods.append(Pod(namespace=namespace, name=name, ips=tuple(ips), ports=tuple(ports)))
+        pods.append(_shared_pod(namespace, name, tuple(ips), tuple(ports)))
     return AddressShard(info, tuple(pods))
 
 
+# One Pod object per distinct address-set entry, for as long as some shard holds it.
+# A pod is listed in every set whose selector picks it (about six on average in the
+# scale benchmark's cluster): an agent would otherwise hold as many copies.
+_address_pods: weakref.WeakValueDictionary[
+    tuple[str, str, tuple[str, ...], tuple[ContainerPort, ...]], Pod
+] = weakref.WeakValueDictionary()
+
+
+def _shared_pod(
+    namespace: str, name: str, ips: tuple[str, ...], ports: tuple[ContainerPort, ...]
+) -> Pod:
+    key = (namespace, name, ips, ports)
+    pod = _address_pods.get(key)
+    if pod is None:
+        pod = Pod(namespace=namespace, name=name, ips=ips, ports=ports)
+        pod = _address_pods.setdefault(key, pod)
+    return pod
+
+
 def parse_policy_targets(obj: Mapping[str, Any]) -> TargetsShard:
-    info = shard_info(obj)
+    info = shard_info(obj, controller=False)
     fields = _Fields(obj)
     entries = []
     for i, entry in enumerate(fields.get(obj["spec"], "pods", list)):

@@ -47,28 +47,6 @@ NOTHING: frozenset[PodKey] = frozenset()
 Published = PolicyShard | AddressShard | TargetsShard
 
 
-class _PodPool:
-    """One Pod object per distinct pod, however many address sets list it."""
-
-    def __init__(self) -> None:
-        self._pods: dict[Pod, list[Pod | int]] = {}
-
-    def acquire(self, pod: Pod) -> Pod:
-        held = self._pods.get(pod)
-        if held is None:
-            self._pods[pod] = [pod, 1]
-            return pod
-        held[1] = int(held[1]) + 1
-        return held[0]  # type: ignore[return-value]
-
-    def release(self, pod: Pod) -> None:
-        held = self._pods.get(pod)
-        if held is not None:
-            held[1] = int(held[1]) - 1
-            if held[1] <= 0:
-                del self._pods[pod]
-
-
 class ShardIndex:
     def __init__(self, node_name: str) -> None:
         self.node_name = node_name
@@ -78,9 +56,8 @@ class ShardIndex:
         self._policy_shards: ShardSets[PolicyShard] = ShardSets()
         self._address_shards: ShardSets[AddressShard] = ShardSets()
         self._target_shards: ShardSets[TargetsShard] = ShardSets()
-        self._pool = _PodPool()
         self._sets: dict[str, PublishedSet] = {}  # complete address sets by id
-        self._set_pods: dict[str, tuple[Pod, ...]] = {}
+        self._set_shards: dict[str, tuple[AddressShard, ...]] = {}  # what _sets was made of
         self._policies: dict[PolicyKey, PolicyShard] = {}  # complete PolicyEndpoints
         self._set_users: dict[str, set[PolicyKey]] = {}  # address set id -> its policies
         self._targets: dict[PodKey, TargetEntry] = {}  # from the complete PolicyTargets
@@ -303,19 +280,37 @@ class ShardIndex:
     def _address_set_changed(self, key: SetKey) -> set[PodKey]:
         set_id = key[2]
         shards = self._address_shards.complete(key)
-        for pod in self._set_pods.pop(set_id, ()):
-            self._pool.release(pod)
+        old = self._set_shards.pop(set_id, None)
         if shards is None:
             self._sets.pop(set_id, None)
         else:
-            pods = tuple(self._pool.acquire(pod) for shard in shards for pod in shard.pods)
-            self._set_pods[set_id] = pods
-            self._sets[set_id] = PublishedSet({pod.key: pod for pod in pods})
+            self._set_shards[set_id] = shards
+            self._sets[set_id] = PublishedSet(self._set_pods(set_id, old, shards))
         affected: set[PodKey] = set()
         for policy in self._set_users.get(set_id, ()):
             self._compiled.pop(policy, None)
             affected |= self._listed.get(policy, set())
         return affected
+
+    def _set_pods(
+        self,
+        set_id: str,
+        old: tuple[AddressShard, ...] | None,
+        shards: tuple[AddressShard, ...],
+    ) -> dict[PodKey, Pod]:
+        """The set's pods by key. A change rewrites one shard of a set that may have
+        dozens: the other shards' entries are taken over as they were. (The shards'
+        Pods are shared already, one object per distinct entry: ``objects``.)"""
+        current = self._sets.get(set_id)
+        if current is None or old is None or len(old) != len(shards):
+            return {pod.key: pod for shard in shards for pod in shard.pods}
+        pods = dict(current.pods)
+        for before, after in zip(old, shards, strict=True):
+            if before is not after:
+                for pod in before.pods:
+                    pods.pop(pod.key, None)
+                pods.update((pod.key, pod) for pod in after.pods)
+        return pods
 
     # -- views -------------------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from cni.k8s.api import Api
 from cni.k8s.informer import Informer
+from cni.k8s.memory import release_free_memory
 from cni.policy.model import Namespace, NetworkPolicy, Pod, Service
 from cni.policy.parse import parse_namespace, parse_network_policy, parse_pod, parse_service
 
@@ -87,6 +88,7 @@ class KubernetesSource:
             informer.synced.wait()
         log.info("every collection is synced: computing and enforcing policies")
         self.enforcer.mark_ready()
+        release_free_memory()  # what the lists and the first computations left free
 
     # -- the informers' sink ------------------------------------------------------------
 

@@ -63,7 +63,7 @@ class ContainerPort:
     protocol: str = "TCP"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, weakref_slot=True)
 class Pod:
     namespace: str
     name: str

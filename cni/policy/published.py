@@ -26,7 +26,7 @@ from typing import cast
 
 from cni.datapath.policy import AllowRule, PeerCIDR
 from cni.policy.model import DIRECTIONS, ContainerPort, NetworkPolicy, Pod, PodKey
-from cni.policy.rules import NamedPorts, named_allows, needs_all_pods, pod_peers
+from cni.policy.rules import NamedPorts, host_peer, named_allows, needs_all_pods, pod_peers
 from cni.policy.selectors import ALL_PODS, PodGroup, peer_group
 
 NamedPortSet = frozenset[tuple[str, str]]  # (port name, protocol)
@@ -130,7 +130,11 @@ class PublishedPeers:
         peers = published.derived.get(("peers", extra))
         if peers is None:
             pods = published.pods
-            own = tuple(chain.from_iterable(pod_peers(pods[k]) for k in published.ordered()))
+            # As rules.pod_peers, in one pass: a set may hold thousands of pods, and
+            # an agent computes this again for each set a change rewrites.
+            own = tuple(
+                host_peer(ip) for k in published.ordered() for ip in pods[k].ips if ":" not in ip
+            )
             peers = published.derived[("peers", extra)] = own + extra
         return cast(tuple[PeerCIDR, ...], peers)
 

@@ -127,7 +127,14 @@ class CompiledPolicy:
 
 def pod_peers(pod: Pod) -> tuple[PeerCIDR, ...]:
     """A pod's IPv4 addresses as /32 peers (the datapath is IPv4 only)."""
-    return tuple(PeerCIDR(f"{ip}/32") for ip in pod.ips if ":" not in ip)
+    return tuple(host_peer(ip) for ip in pod.ips if ":" not in ip)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def host_peer(ip: str) -> PeerCIDR:
+    """An address as a /32 peer; one object per address, as a pod is a peer in every
+    rule whose selector picks it."""
+    return PeerCIDR(f"{ip}/32")
 
 
 def _numbered(port: PolicyPort) -> Ports:
