@@ -115,23 +115,25 @@ def _create_links(
     return made
 
 
+def _parent(hook: str) -> int:
+    """A clsact hook's parent handle as a number ("ffff:fff2" -> 0xFFFFFFF2)."""
+    return int(hook.replace(":", ""), 16)
+
+
 def _filters(
-    ipr: Rtnl, command: str, ifindex: int, bpf_dir: str, hooks: dict[str, tuple[int, str]]
+    ipr: Rtnl, ifindex: int, bpf_dir: str, hooks: dict[str, tuple[int, str]], replace: bool
 ) -> None:
     for program, (_, parent) in hooks.items():
         fd = _program_fd(bpf_dir, program)
         try:
-            ipr.tc(
-                command,
-                "bpf",
+            ipr.set_bpf_filter(
                 ifindex,
+                _parent(parent),
                 FILTER_HANDLE,
-                fd=fd,
-                name=f"sluice_{program}",
-                parent=parent,
-                prio=FILTER_PRIO,
-                classid=1,
-                direct_action=True,
+                FILTER_PRIO,
+                fd,
+                f"sluice_{program}",
+                replace=replace,
             )
         finally:
             os.close(fd)
@@ -209,12 +211,12 @@ def attach_programs(
         with state_lock(bpf_dir):
             with kernel_op(f'add clsact to "{name}"'):
                 try:
-                    ipr.tc("add", "clsact", ifindex)
+                    ipr.add_clsact(ifindex)
                 except NetlinkError as err:
                     if err.code != errno.EEXIST:
                         raise
             with kernel_op(f'attach the datapath to "{name}"'):
-                _filters(ipr, "add-filter", ifindex, bpf_dir, hooks)
+                _filters(ipr, ifindex, bpf_dir, hooks, replace=False)
 
 
 def detach_programs(ipr: Rtnl, ifindex: int, bpf_dir: str) -> None:
@@ -222,7 +224,7 @@ def detach_programs(ipr: Rtnl, ifindex: int, bpf_dir: str) -> None:
     with state_lock(bpf_dir):
         _unpin_links(bpf_dir, ifindex, HOOKS)
     with contextlib.suppress(NetlinkError):
-        ipr.tc("del", "clsact", ifindex)
+        ipr.delete_clsact(ifindex)
 
 
 def _unpin_links(bpf_dir: str, ifindex: int, hooks: dict[str, tuple[int, str]]) -> None:
@@ -291,7 +293,9 @@ def detach_uplink(ipr: Rtnl, name: str, bpf_dir: str) -> None:
             _unpin_links(bpf_dir, ifindex, UPLINK_HOOKS)
             return
     with contextlib.suppress(NetlinkError):
-        ipr.tc("del-filter", "bpf", ifindex, FILTER_HANDLE, parent="ffff:fff3", prio=FILTER_PRIO)
+        ipr.delete_bpf_filter(
+            ifindex, _parent(UPLINK_HOOKS["uplink"][1]), FILTER_HANDLE, FILTER_PRIO
+        )
 
 
 def uplinks(bpf_dir: str) -> list[int]:
@@ -318,7 +322,7 @@ def switch_programs(bpf_dir: str, ifindexes: list[int]) -> None:
                     detach(ifindex, bpf_dir)  # the veth is gone: nothing to switch
                 continue
             try:
-                _filters(ipr, "replace-filter", ifindex, bpf_dir, HOOKS)
+                _filters(ipr, ifindex, bpf_dir, HOOKS, replace=True)
             except NetlinkError as err:
                 if err.code not in (errno.ENODEV, errno.ENOENT, errno.EINVAL):
                     raise
@@ -367,8 +371,8 @@ def pinned_programs(bpf_dir: str) -> dict[str, int]:
 
 
 def attached_programs(ipr: Rtnl, ifindex: int, bpf_dir: str) -> dict[str, int | None]:
-    """{program: id} of what runs on the veth: the link's program, or for a clsact
-    filter None (pyroute2 does not decode a filter's program id)."""
+    """{program: id} of what runs on the veth: the link's program, or the clsact
+    filter's (None if the kernel did not say which)."""
     found: dict[str, int | None] = {}
     for program, (attach_type, parent) in HOOKS.items():
         path = link_path(bpf_dir, ifindex, program)
@@ -382,13 +386,13 @@ def attached_programs(ipr: Rtnl, ifindex: int, bpf_dir: str) -> dict[str, int | 
                 found[program] = info.prog_id
             continue
         try:
-            filters = ipr.get_filters(index=ifindex, parent=int(parent.replace(":", ""), 16))
+            filters = ipr.bpf_filters(ifindex, _parent(parent))
         except NetlinkError:
             continue
         for msg in filters:
             options = msg.get("TCA_OPTIONS")
             if options and options.get("TCA_BPF_NAME") == f"sluice_{program}":
-                found[program] = None
+                found[program] = options.get("TCA_BPF_ID")
     return found
 
 

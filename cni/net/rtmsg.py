@@ -1,5 +1,6 @@
 """The rtnetlink messages sluice sends and reads (links, addresses, routes,
-neighbours), packed and unpacked with ``struct``.
+neighbours, and the clsact qdisc and bpf filters of ``"attach": "tc"``),
+packed and unpacked with ``struct``.
 
 pyroute2's message classes know every attribute of every family, and importing
 them loads multiprocessing, platform, pkgutil and a plugin per link kind: more
@@ -32,6 +33,8 @@ RTMSG = struct.Struct("=BBBBBBBBI")
 RTMSG_FIELDS = ("family", "dst_len", "src_len", "tos", "table", "proto", "scope", "type", "flags")
 NDMSG = struct.Struct("=BxxxiHBB")
 NDMSG_FIELDS = ("family", "ifindex", "state", "flags", "ndm_type")
+TCMSG = struct.Struct("=BxxxiIII")
+TCMSG_FIELDS = ("family", "index", "handle", "parent", "info")
 
 
 class Message:
@@ -103,6 +106,15 @@ NEIGHBOR_ATTRS: Decoders = {
     2: ("NDA_LLADDR", _mac),
     8: ("NDA_IFINDEX", _u32),
 }
+
+
+def _tc_options(data: bytes) -> Message:
+    return Message({}, decode_attrs(data, BPF_OPTION_ATTRS))
+
+
+# TCA_OPTIONS is read as a bpf filter's (only those are looked at: see TCA_KIND).
+BPF_OPTION_ATTRS: Decoders = {7: ("TCA_BPF_NAME", _str), 11: ("TCA_BPF_ID", _u32)}
+TC_ATTRS: Decoders = {1: ("TCA_KIND", _str), 2: ("TCA_OPTIONS", _tc_options)}
 
 
 def decode_attrs(data: bytes, decoders: Decoders, offset: int = 0) -> dict[str, Any]:

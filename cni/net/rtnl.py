@@ -10,10 +10,10 @@ acknowledgement, or a dump. Errors are pyroute2's ``NetlinkError``, loaded
 without the package around it, so that they are the very class the rest of
 pyroute2 raises.
 
-``Rtnl`` has the few typed operations sluice's wiring needs. Any other
-attribute (``link``, ``tc`` for the clsact fallback, ``get_filters``…) is
-pyroute2's ``IPRoute`` API, served by a full IPRoute opened on first use in
-the same namespace.
+``Rtnl`` has the few typed operations sluice's wiring and datapath need. Any
+other attribute (``link``, ``tc``, ``get_filters``…) is pyroute2's
+``IPRoute`` API, served by a full IPRoute opened on first use in the same
+namespace.
 """
 
 from __future__ import annotations
@@ -96,12 +96,15 @@ RTM_NEWLINK, RTM_DELLINK, RTM_GETLINK = 16, 17, 18
 RTM_NEWADDR, RTM_GETADDR = 20, 22
 RTM_NEWROUTE, RTM_GETROUTE = 24, 26
 RTM_NEWNEIGH, RTM_GETNEIGH = 28, 30
+RTM_NEWQDISC, RTM_DELQDISC = 36, 37
+RTM_NEWTFILTER, RTM_DELTFILTER, RTM_GETTFILTER = 44, 45, 46
 # What an answer of each type is: its fixed header, the header's fields, its attributes.
 ANSWERS = {
     RTM_NEWLINK: (rtmsg.IFINFMSG, rtmsg.IFINFMSG_FIELDS, rtmsg.LINK_ATTRS),
     RTM_NEWADDR: (rtmsg.IFADDRMSG, rtmsg.IFADDRMSG_FIELDS, rtmsg.ADDRESS_ATTRS),
     RTM_NEWROUTE: (rtmsg.RTMSG, rtmsg.RTMSG_FIELDS, rtmsg.ROUTE_ATTRS),
     RTM_NEWNEIGH: (rtmsg.NDMSG, rtmsg.NDMSG_FIELDS, rtmsg.NEIGHBOR_ATTRS),
+    RTM_NEWTFILTER: (rtmsg.TCMSG, rtmsg.TCMSG_FIELDS, rtmsg.TC_ATTRS),
 }
 
 # Attribute types (linux/if_link.h, if_addr.h, rtnetlink.h, neighbour.h, veth.h).
@@ -113,6 +116,14 @@ IFA_ADDRESS, IFA_LOCAL, IFA_FLAGS = 1, 2, 8
 NDA_DST, NDA_LLADDR, NDA_IFINDEX = 1, 2, 8
 RTA_DST, RTA_OIF, RTA_GATEWAY, RTA_PRIORITY, RTA_METRICS, RTA_TABLE = 1, 4, 5, 6, 8, 15
 RTAX = {"RTAX_MTU": 2, "RTAX_ADVMSS": 8}
+# linux/pkt_sched.h, pkt_cls.h: the clsact qdisc and direct-action bpf filters.
+TCA_KIND, TCA_OPTIONS = 1, 2
+TCA_BPF_CLASSID, TCA_BPF_FD, TCA_BPF_NAME, TCA_BPF_FLAGS = 3, 6, 7, 8
+TCA_BPF_FLAG_ACT_DIRECT = 1
+TC_H_CLSACT = 0xFFFFFFF1  # also the parent of clsact's ingress (…2) and egress (…3) hooks
+CLSACT_HANDLE = 0xFFFF0000
+ETH_P_ALL = 0x0003
+NLM_F_REPLACE = 0x100
 
 AF_INET = 2
 IFF_UP = 0x1
@@ -325,6 +336,42 @@ class Rtnl:
         (answer,) = self.request(RTM_GETROUTE, _rtmsg(dst_len=32) + attr(RTA_DST, ipv4(dst)))
         return answer
 
+    # -- clsact and bpf filters ("attach": "tc", and kernels without tcx) ---------------------
+
+    def add_clsact(self, index: int) -> None:
+        self._ack(RTM_NEWQDISC, _clsact(index), NLM_F_CREATE | NLM_F_EXCL)
+
+    def delete_clsact(self, index: int) -> None:
+        self._ack(RTM_DELQDISC, _clsact(index))
+
+    def set_bpf_filter(
+        self, index: int, parent: int, handle: int, prio: int, fd: int, name: str, *, replace: bool
+    ) -> None:
+        """A direct-action bpf filter running the program ``fd`` on a clsact hook; with
+        ``replace`` the one of this handle and priority takes the new program."""
+        options = attrs(
+            [
+                (TCA_BPF_FD, u32(fd)),
+                (TCA_BPF_NAME, asciiz(name)),
+                (TCA_BPF_FLAGS, u32(TCA_BPF_FLAG_ACT_DIRECT)),
+                (TCA_BPF_CLASSID, u32(1)),
+            ]
+        )
+        body = _tcmsg(index, handle, parent, prio) + attrs(
+            [(TCA_KIND, asciiz("bpf")), (TCA_OPTIONS, options)]
+        )
+        self._ack(RTM_NEWTFILTER, body, NLM_F_CREATE | (NLM_F_REPLACE if replace else NLM_F_EXCL))
+
+    def delete_bpf_filter(self, index: int, parent: int, handle: int, prio: int) -> None:
+        body = _tcmsg(index, handle, parent, prio) + attr(TCA_KIND, asciiz("bpf"))
+        self._ack(RTM_DELTFILTER, body)
+
+    def bpf_filters(self, index: int, parent: int) -> list[Message]:
+        """The bpf filters on a clsact hook (``TCA_OPTIONS``: name and program id)."""
+        body = rtmsg.TCMSG.pack(0, index, 0, parent, 0)
+        answers = self.request(RTM_GETTFILTER, body, NLM_F_DUMP)
+        return [f for f in answers if f["index"] == index and f.get("TCA_KIND") == "bpf"]
+
     # -- everything else: a full pyroute2 IPRoute ------------------------------------------
 
     def full(self) -> Any:
@@ -340,7 +387,7 @@ class Rtnl:
         return self._full
 
     def __getattr__(self, name: str) -> Any:
-        """``link``, ``route``, ``tc``, ``get_filters``…: pyroute2's IPRoute API."""
+        """``link``, ``tc``, ``get_filters``…: pyroute2's IPRoute API."""
         if name.startswith("_"):
             raise AttributeError(name)
         return getattr(self.full(), name)
@@ -348,6 +395,18 @@ class Rtnl:
 
 def _ifinfmsg(index: int = 0, flags: int = 0, change: int = 0) -> bytes:
     return rtmsg.IFINFMSG.pack(0, 0, index, flags, change)  # AF_UNSPEC
+
+
+def _clsact(index: int) -> bytes:
+    return rtmsg.TCMSG.pack(0, index, CLSACT_HANDLE, TC_H_CLSACT, 0) + attr(
+        TCA_KIND, asciiz("clsact")
+    )
+
+
+def _tcmsg(index: int, handle: int, parent: int, prio: int) -> bytes:
+    """A filter's header: tcm_info holds its priority and protocol (all, in network order)."""
+    protocol = _socket.htons(ETH_P_ALL)
+    return rtmsg.TCMSG.pack(0, index, handle, parent, (prio << 16) | protocol)
 
 
 def _rtmsg(dst_len: int = 0) -> bytes:

@@ -87,8 +87,8 @@ def test_filters_judge_like_links_and_a_reload_swaps_them(pair: list[Pod], dp: D
     assert "clsact" in qdiscs(b.veth)
     assert not any(Path(link_path(TEST_BPF_DIR, b.ifindex, p)).exists() for p in HOOKS)
     pinned = pinned_programs(TEST_BPF_DIR)
-    assert attached(b.ifindex) == dict.fromkeys(HOOKS)  # filters, found by name
-    assert filter_programs(b.veth) == {p: pinned[p] for p in HOOKS}
+    assert attached(b.ifindex) == {p: pinned[p] for p in HOOKS}
+    assert filter_programs(b.veth) == attached(b.ifindex)  # as tc itself sees them
     P.install(
         dp, b.ifindex, P.EndpointPolicy(ingress=allow(rule(f"{a.ip}/32", ports=(tcp(8080),))))
     )
@@ -99,7 +99,8 @@ def test_filters_judge_like_links_and_a_reload_swaps_them(pair: list[Pod], dp: D
         assert held.finish() == "echo", "the established flow survived the reload"
         new = pinned_programs(TEST_BPF_DIR)
         assert set(new.values()).isdisjoint(pinned.values())
-        assert filter_programs(b.veth) == {p: new[p] for p in HOOKS}, "the filters were swapped"
+        assert attached(b.ifindex) == {p: new[p] for p in HOOKS}, "the filters were swapped"
+        assert filter_programs(b.veth) == attached(b.ifindex)
         assert a.connects(b, 8080) and not a.connects(b, 8081)
 
 
