@@ -24,6 +24,7 @@ from cni.k8s.api import Api, Gone
 from cni.k8s.controller import Controller
 from cni.k8s.informer import Informer
 from cni.k8s.objects import ADDRESS_SET, POLICY_ENDPOINTS, POLICY_TARGETS, TargetEntry
+from cni.k8s.sharding import placement_hash, shard_count
 from cni.policy.model import (
     NAMESPACE_NAME_LABEL,
     ContainerPort,
@@ -353,6 +354,9 @@ def test_a_pod_label_change_rewrites_one_shard_of_each_set_it_moves_in(
     a = world.namespaces[0].name
     web_set = objects.address_set_id(AddressSetKey(PodGroup(a, None, select(app="web"))))
 
+    def in_a(pod: Pod, app: str) -> bool:
+        return pod.namespace == a and pod.name.startswith(app)
+
     def web_set_members() -> set[str]:
         return {
             entry["pod"]
@@ -361,18 +365,28 @@ def test_a_pod_label_change_rewrites_one_shard_of_each_set_it_moves_in(
             for entry in body["spec"]["pods"]
         }
 
-    webs = {f"{a}/{p.name}" for p in world.pods if p.namespace == a and p.name.startswith("web")}
+    webs = {pod_name(p) for p in world.pods if in_a(p, "web")}
     eventually(lambda: web_set_members() == webs, "the web pods published")
     shards = [k for k in published(api) if k[0] == ADDRESS_SET and k[2].startswith(web_set)]
     assert len(shards) > 1, f"the set must span several shards for this test: {shards}"
     before = settled(api)
 
-    # A web pod becomes an api pod: it leaves the web set, joins the api set. No policy
-    # selects it any more or less (web and api pods are both selected by deny-ingress,
-    # and web-to-api's targets are api pods on every node already).
-    moved = next(p for p in world.pods if p.namespace == a and p.name.startswith("web"))
-    api.patch(pod_path(a, moved.name), {"metadata": {"labels": {"app": "api"}}})
-    eventually(lambda: web_set_members() == webs - {f"{a}/{moved.name}"}, "the web set updated")
+    # A web pod becomes an api pod (it leaves the web set), or an api pod a web pod (it
+    # joins it). No policy selects it any more or less (web and api pods are both
+    # selected by deny-ingress, and web-to-api's targets are api pods on every node
+    # already). The pod is one whose move keeps the web set's shard count: a set that
+    # must double or halve rewrites every shard, by design, and whether a given pod
+    # tips it depends on the hashes of this run's random names.
+    moved, app, members = next(
+        (pod, app, after)
+        for pod, app, after in (
+            *((p, "api", webs - {pod_name(p)}) for p in world.pods if in_a(p, "web")),
+            *((p, "web", webs | {pod_name(p)}) for p in world.pods if in_a(p, "api")),
+        )
+        if keeps_shard_count(webs, after)
+    )
+    api.patch(pod_path(a, moved.name), {"metadata": {"labels": {"app": app}}})
+    eventually(lambda: web_set_members() == members, "the web set updated")
     after = settled(api)
 
     changed = [key for key in after if before.get(key) != after[key]]
@@ -386,6 +400,17 @@ def test_a_pod_label_change_rewrites_one_shard_of_each_set_it_moves_in(
     targets = [key for key in others if key[0] == POLICY_TARGETS]
     assert [key for key in others if key[0] == POLICY_ENDPOINTS] == [], others
     assert len(targets) <= 1 and all(key[2].startswith(moved.node_name) for key in targets)
+
+
+def pod_name(pod: Pod) -> str:
+    return f"{pod.namespace}/{pod.name}"
+
+
+def keeps_shard_count(members: set[str], after: set[str]) -> bool:
+    """Whether a set of ``members``, sharded from scratch, keeps its shard count when its
+    members become ``after`` (``cni.k8s.sharding``, at the test's shard size)."""
+    current = shard_count([placement_hash(m) for m in members], SHARD_SIZE)
+    return shard_count([placement_hash(m) for m in after], SHARD_SIZE, current) == current
 
 
 def write(api: Api, body: dict[str, Any]) -> str:

@@ -165,14 +165,15 @@ def test_restarts_under_live_traffic_let_nothing_denied_through_and_cut_nothing_
         time.sleep(5)
         # The agent restarts: its pinned datapath enforces while it is away.
         cluster.replace_agent(controller_agent_argv(cluster))
-        time.sleep(5)
+        time.sleep(8)
     finally:
         stopping.set()
         for thread in threads:
             thread.join(timeout=30)
     let_through = [t for t, ok in bad.results if ok]
     cut = [t for t, ok in good.results if not ok]
-    assert len(good.results) > 20 and len(bad.results) > 3, (good.results, bad.results)
+    # A denied probe waits out its dial's timeout (about 5 s): three span the restarts.
+    assert len(good.results) > 20 and len(bad.results) >= 3, (good.results, bad.results)
     assert not let_through, f"{len(let_through)} denied connections passed"
     assert not cut, f"{len(cut)} of {len(good.results)} allowed connections failed"
     # The new controller found everything as it would have written it.
