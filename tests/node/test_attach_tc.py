@@ -25,7 +25,7 @@ from tests.support.cni_run import (
     PodNamespaces,
     node_veth,
 )
-from tests.support.datapath_pods import HeldConnection, Pod, Server, allow, rule, tcp
+from tests.support.datapath_pods import HeldConnection, Pod, Server, allow, rule, tcp, wired_pods
 
 TC = {"attach": "tc"}
 
@@ -33,18 +33,8 @@ TC = {"attach": "tc"}
 @pytest.fixture
 def pair(network: Network, pods: PodNamespaces) -> Iterator[list[Pod]]:
     """Two pods whose programs are clsact filters."""
-    made: list[Pod] = []
-    config = network.config(datapath=TC)
-    try:
-        for cid in "ab":
-            netns = pods.new()
-            result = network.add(netns, cid, config=config)
-            veth, ifindex = node_veth(result)
-            made.append(Pod(cid, netns, result["ips"][0]["address"].split("/")[0], veth, ifindex))
+    with wired_pods(network, pods, "ab", network.config(datapath=TC)) as made:
         yield made
-    finally:
-        for pod in made:
-            network.delete(pod.netns, pod.cid, config=config)
 
 
 @pytest.fixture

@@ -44,23 +44,15 @@ from tests.support.datapath_pods import (
     allow,
     rule,
     tcp,
+    wired_pods,
 )
 
 
 @pytest.fixture
 def trio(network: Network, pods: PodNamespaces) -> Iterator[list[Pod]]:
     """Three pods a, b, c on one network."""
-    made = []
-    try:
-        for cid in "abc":
-            netns = pods.new()
-            result = network.add(netns, cid)
-            veth, ifindex = node_veth(result)
-            made.append(Pod(cid, netns, result["ips"][0]["address"].split("/")[0], veth, ifindex))
+    with wired_pods(network, pods, "abc") as made:
         yield made
-    finally:
-        for pod in made:
-            network.delete(pod.netns, pod.cid)
 
 
 @pytest.fixture

@@ -30,9 +30,8 @@ from tests.support.cni_run import (
     Network,
     PodNamespaces,
     in_netns,
-    node_veth,
 )
-from tests.support.datapath_pods import PROBE, PYTHON, HeldConnection, Pod, Server
+from tests.support.datapath_pods import PROBE, PYTHON, HeldConnection, Pod, Server, wired_pods
 from tests.support.kube_proxy import KubeProxy, NftKubeProxy
 
 
@@ -59,18 +58,8 @@ def kube_proxy(request: pytest.FixtureRequest) -> Iterator[KubeProxy | NftKubePr
 
 @pytest.fixture
 def cluster(network: Network, pods: PodNamespaces) -> Iterator[list[Pod]]:
-    made: list[Pod] = []
-    config = network.config(ipMasq=False)
-    try:
-        for cid in "abc":
-            netns = pods.new()
-            result = network.add(netns, cid, config=config)
-            veth, ifindex = node_veth(result)
-            made.append(Pod(cid, netns, result["ips"][0]["address"].split("/")[0], veth, ifindex))
+    with wired_pods(network, pods, "abc", network.config(ipMasq=False)) as made:
         yield made
-    finally:
-        for pod in made:
-            network.delete(pod.netns, pod.cid, config=config)
 
 
 @pytest.fixture

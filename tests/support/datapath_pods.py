@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from cni.datapath import policy as P
-from tests.support.cni_run import in_netns
+from tests.support.cni_run import Network, PodNamespaces, in_netns, node_veth
 
 PROBE = str(Path(__file__).resolve().parent / "netprobe.py")
 PYTHON = "/usr/bin/python3"
@@ -109,3 +112,22 @@ def rule(
 
 def tcp(first: int, last: int = 0) -> P.Ports:
     return P.Ports("tcp", first, last)
+
+
+@contextmanager
+def wired_pods(
+    network: Network, pods: PodNamespaces, cids: str, config: dict[str, Any] | None = None
+) -> Iterator[list[Pod]]:
+    """One pod per container id in ``cids``, each in its own namespace, wired by the
+    plugin with ``config``; all deleted afterwards."""
+    made: list[Pod] = []
+    try:
+        for cid in cids:
+            netns = pods.new()
+            result = network.add(netns, cid, config=config)
+            veth, ifindex = node_veth(result)
+            made.append(Pod(cid, netns, result["ips"][0]["address"].split("/")[0], veth, ifindex))
+        yield made
+    finally:
+        for pod in made:
+            network.delete(pod.netns, pod.cid, config=config)
