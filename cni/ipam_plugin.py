@@ -12,8 +12,14 @@ import os
 import sys
 from typing import Any
 
-from cni.errors import CNIError
-from cni.main import answer_version, emit_error, read_stdin, read_stdin_quietly, run_plugin
+from cni.main import (
+    answer_version,
+    emit_error,
+    read_stdin,
+    read_stdin_quietly,
+    run_plugin,
+    stdin_error,
+)
 from cni.versions import CURRENT
 
 VERB_MODULES = {verb: "cni.ipam_plugin" for verb in ("ADD", "DEL", "CHECK", "STATUS", "GC")}
@@ -24,8 +30,8 @@ def main() -> int:
         return answer_version(read_stdin_quietly())
     try:
         stdin = read_stdin()
-    except CNIError as err:
-        return emit_error(err, CURRENT)
+    except OSError as err:
+        return emit_error(stdin_error(err), CURRENT)
     return run_plugin(VERB_MODULES, os.environ, stdin)
 
 

@@ -10,20 +10,18 @@ verb runs. A network whose policy is enforced never wires a pod
 without the agent: ADD and CHECK then fail with code 11.
 """
 
-from __future__ import annotations
-
-import os
+import posix
 import sys
 
-from cni import versions
-from cni.errors import ERR_IO, CNIError
-
-# typing pulls in re and more; annotations are strings here, so the types are
-# only imported for type checkers.
+# No `from __future__ import annotations`, no `os`, no `typing`: each costs this
+# once-per-call process more than a forwarded call's answer. Annotations naming
+# types that only type checkers import are written as strings.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
     from typing import Any, NoReturn
+
+    from cni.errors import CNIError
 
 
 VERB_MODULES = {
@@ -37,20 +35,24 @@ DEFAULT_AGENT_SOCKET = "/run/sluice/agent.sock"
 
 
 def main() -> int:
-    env = os.environ
-    if env.get("CNI_COMMAND") == "VERSION":
+    command = posix.environ.get(b"CNI_COMMAND")
+    if command == b"VERSION":
         return answer_version(read_stdin_quietly())
     try:
         stdin = read_stdin()
-    except CNIError as err:
-        return emit_error(err, versions.CURRENT)
-    forwarded = forward_to_agent(env, stdin)
+    except OSError as err:
+        from cni import versions
+
+        return emit_error(stdin_error(err), versions.CURRENT)
+    forwarded = forward_to_agent(posix.environ, stdin)
     if forwarded is not None:
         finish(forwarded)
-    finish(run_plugin(VERB_MODULES, env, stdin))
+    import os
+
+    finish(run_plugin(VERB_MODULES, os.environ, stdin))
 
 
-def finish(rc: int) -> NoReturn:
+def finish(rc: int) -> "NoReturn":
     """Exit now, without the interpreter's teardown (freeing every module and object
     one by one costs a one-call process more than its answer): the output is
     flushed, and every file and socket the call used is closed already or closed
@@ -60,10 +62,10 @@ def finish(rc: int) -> NoReturn:
     logging = sys.modules.get("logging")
     if logging is not None:
         logging.shutdown()  # a logFile handler's buffer
-    os._exit(rc)
+    posix._exit(rc)
 
 
-def run_plugin(verb_modules: Mapping[str, str], env: Mapping[str, str], stdin: bytes) -> int:
+def run_plugin(verb_modules: "Mapping[str, str]", env: "Mapping[str, str]", stdin: bytes) -> int:
     """Run one CNI call in this process: print the result or the error JSON on stdout,
     return the exit code."""
     from cni.call import execute
@@ -75,16 +77,17 @@ def run_plugin(verb_modules: Mapping[str, str], env: Mapping[str, str], stdin: b
     return rc
 
 
-def forward_to_agent(env: Mapping[str, str], stdin: bytes) -> int | None:
-    """Run the call in the agent when one answers; None to run it here."""
+def forward_to_agent(env: "Mapping[bytes, bytes]", stdin: bytes) -> int | None:
+    """Run the call in the agent when one answers; None to run it here. ``env`` is the
+    environment as the kernel gave it (bytes), passed on untouched."""
     socket_path = agent_socket_of(stdin)
-    if socket_path is None or not os.path.exists(socket_path):
+    if socket_path is None:
         return None
     from cni.agent.client import AgentUnavailable, forward
 
     try:
         rc, out, err = forward(socket_path, env, stdin)
-    except AgentUnavailable:
+    except AgentUnavailable:  # no agent (the socket is missing or refuses), or it died
         return None
     if err:
         sys.stderr.write(err)
@@ -173,6 +176,8 @@ def string_end(text: str, start: int) -> int:
 
 
 def answer_version(stdin: bytes) -> int:
+    from cni import versions
+
     echoed = versions.echoed_version(peek_version(stdin))
     supported = ", ".join(f'"{v}"' for v in versions.SUPPORTED)
     sys.stdout.write(f'{{"cniVersion": "{echoed}", "supportedVersions": [{supported}]}}\n')
@@ -193,12 +198,14 @@ def peek_version(stdin: bytes) -> str | None:
 
 
 def read_stdin() -> bytes:
-    try:
-        return sys.stdin.buffer.read()
-    except OSError as err:
-        raise CNIError(
-            ERR_IO, f"failed to read the network configuration from stdin: {err}"
-        ) from None
+    """Everything on stdin; OSError when it cannot be read (see ``stdin_error``)."""
+    return sys.stdin.buffer.read()
+
+
+def stdin_error(err: OSError) -> "CNIError":
+    from cni.errors import ERR_IO, CNIError
+
+    return CNIError(ERR_IO, f"failed to read the network configuration from stdin: {err}")
 
 
 def read_stdin_quietly() -> bytes:
@@ -208,13 +215,13 @@ def read_stdin_quietly() -> bytes:
         return b""
 
 
-def load_verb(module_name: str) -> Callable[[Any], dict[str, Any] | None]:
+def load_verb(module_name: str) -> "Callable[[Any], dict[str, Any] | None]":
     import importlib
 
     return importlib.import_module(module_name).run
 
 
-def emit_error(err: CNIError, version: str) -> int:
+def emit_error(err: "CNIError", version: str) -> int:
     import json
 
     sys.stdout.write(json.dumps(err.to_json(version), indent=2) + "\n")

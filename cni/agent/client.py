@@ -6,8 +6,6 @@ imports selectors, collections, enum and more, which would cost more than
 the call itself.
 """
 
-from __future__ import annotations
-
 import _socket
 
 from cni.agent import wire
@@ -43,7 +41,9 @@ def exchange(path: str, body: bytes, timeout: float | None = None) -> bytes:
         sock.close()
 
 
-def forward(path: str, env: Mapping[str, str], stdin: bytes) -> tuple[int, str, str]:
+def forward(
+    path: str, env: "Mapping[str, str] | Mapping[bytes, bytes]", stdin: bytes
+) -> tuple[int, str, str]:
     """Run one CNI call in the agent: (exit code, stdout, stderr)."""
     answer = exchange(path, wire.call_frame(env, stdin))
     try:
@@ -53,7 +53,7 @@ def forward(path: str, env: Mapping[str, str], stdin: bytes) -> tuple[int, str, 
         raise AgentUnavailable(f'the agent on "{path}" refused the call: {refusal!r}') from None
 
 
-def call(path: str, request: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+def call(path: str, request: "dict[str, Any]", timeout: float | None = None) -> "dict[str, Any]":
     """One of sluicectl's requests (JSON) and its answer."""
     import json
 

@@ -15,8 +15,6 @@ A frame is a 4-byte big-endian length and that many bytes of body:
 Standard library only; the CNI part only built-in modules.
 """
 
-from __future__ import annotations
-
 import _struct
 
 VERSION = 1
@@ -41,18 +39,18 @@ class WireError(Exception):
     """The peer broke the protocol (size, framing, JSON, fields)."""
 
 
-def send_frame(sock: Socket, body: bytes) -> None:
+def send_frame(sock: "Socket", body: bytes) -> None:
     sock.sendall(LENGTH.pack(len(body)) + body)
 
 
-def receive_frame(sock: Socket, limit: int) -> bytes:
+def receive_frame(sock: "Socket", limit: int) -> bytes:
     (length,) = LENGTH.unpack(_exactly(sock, LENGTH.size))
     if length > limit:
         raise WireError(f"message of {length} bytes is over the limit of {limit}")
     return _exactly(sock, length)
 
 
-def _exactly(sock: Socket, count: int) -> bytes:
+def _exactly(sock: "Socket", count: int) -> bytes:
     chunks = []
     while count:
         chunk = sock.recv(min(count, 1 << 16))
@@ -66,8 +64,13 @@ def _exactly(sock: Socket, count: int) -> bytes:
 # -- CNI calls ---------------------------------------------------------------------------
 
 
-def call_frame(env: Mapping[str, str], stdin: bytes) -> bytes:
-    entries = b"".join(f"{key}={value}".encode() + b"\0" for key, value in env.items())
+def call_frame(env: "Mapping[str, str] | Mapping[bytes, bytes]", stdin: bytes) -> bytes:
+    """The frame of a CNI call. ``env`` may be the process's own environment as bytes
+    (``posix.environ``): the executable sends it without decoding it."""
+    entries = b"".join(
+        (key + b"=" + value if isinstance(key, bytes) else f"{key}={value}".encode()) + b"\0"  # type: ignore[operator]
+        for key, value in env.items()
+    )
     return CALL_HEAD.pack(b"C", VERSION, len(entries)) + entries + stdin
 
 
@@ -114,17 +117,17 @@ def parse_answer(body: bytes) -> tuple[int, str, str]:
 # -- sluicectl's requests ----------------------------------------------------------------
 
 
-def send(sock: Socket, message: dict[str, Any]) -> None:
+def send(sock: "Socket", message: "dict[str, Any]") -> None:
     import json
 
     send_frame(sock, json.dumps(message, separators=(",", ":")).encode())
 
 
-def receive(sock: Socket, limit: int) -> dict[str, Any]:
+def receive(sock: "Socket", limit: int) -> "dict[str, Any]":
     return decode(receive_frame(sock, limit))
 
 
-def decode(body: bytes) -> dict[str, Any]:
+def decode(body: bytes) -> "dict[str, Any]":
     import json
 
     try:

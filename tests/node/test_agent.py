@@ -97,18 +97,19 @@ def test_calls_are_served_by_the_agent(net: AgentNetwork, pods: PodNamespaces) -
 
 def test_forwarding_loads_no_json(net: AgentNetwork, bin_dir: Path) -> None:
     """The executable forwards a call, with the configuration naming its agent socket,
-    without loading json (it pulls in re) or anything of the verbs."""
+    without loading json (it pulls in re), anything of the verbs, or even os and
+    __future__ (the interpreter with -I -S starts without them)."""
     launcher = (bin_dir / "sluice").read_text()
+    heavy = ("json", "re", "pyroute2", "cni.protocol", "sqlite3", "os", "__future__", "typing")
     probe = launcher.replace(
         "sys.exit(main())",
         (
-            "import os\n"
+            "import posix\n"
             "import cni.main\n"
             "def finish(rc):\n"
-            "    heavy = [m for m in ('json', 're', 'pyroute2', 'cni.protocol', 'sqlite3')"
-            " if m in sys.modules]\n"
+            f"    heavy = [m for m in {heavy!r} if m in sys.modules]\n"
             "    print('HEAVY', heavy, 'RC', rc, flush=True)\n"
-            "    os._exit(rc)\n"
+            "    posix._exit(rc)\n"
             "cni.main.finish = finish\n"
             "cni.main.main()\n"
         ),
