@@ -91,13 +91,7 @@ class Allocator:
 
     def _forget_cooled(self, now: Instant) -> None:
         """Drop addresses whose cooldown is over from the cooling list."""
-        cooled = [
-            ip
-            for ip, released in self.store.cooling().items()
-            if now.since(released) >= self.config.cooldown_seconds
-        ]
-        if cooled:
-            self.store.forget_cooling(cooled)
+        self.store.forget_cooled(now, self.config.cooldown_seconds)
 
     def _longest_cooled(
         self, usable: Callable[[ipaddress.IPv4Address], bool], none_left: str

@@ -9,12 +9,19 @@ when only cooling addresses are left, the one released longest ago is taken.
 from __future__ import annotations
 
 import ipaddress
+from _socket import inet_aton
 from collections.abc import Iterator
 
 from ipam.allocator import Allocator
 from ipam.clock import Clock
 from ipam.config import NodeCIDRConfig
 from ipam.store import Store
+
+
+def ip_int(address: str) -> int:
+    """A dotted-quad address the store wrote as an integer (about ten times faster than
+    through ``ipaddress``, which matters with thousands of cooling addresses)."""
+    return int.from_bytes(inet_aton(address), "big")
 
 
 class NodeCIDRAllocator(Allocator):
@@ -33,14 +40,22 @@ class NodeCIDRAllocator(Allocator):
                 yield address
 
     def _choose(self) -> ipaddress.IPv4Address:
-        taken = {row.ip for row in self.store.allocations()}
-        cooling = self.store.cooling()
-        chosen = next(
-            (a for a in self.candidates() if str(a) not in taken and str(a) not in cooling),
-            None,
-        )
-        if chosen is not None:
-            return chosen
+        # The lowest gap among the busy addresses, in integers: the cost grows with the
+        # pods and the cooling addresses, not with the range (a /16 has 65,534).
+        start, end = int(self.config.range_start), int(self.config.range_end)
+        busy = {ip_int(ip) for ip in self.store.allocated_ips()}
+        busy.update(ip_int(ip) for ip in self.store.cooling_ips())
+        gateway = self.config.gateway
+        if gateway is not None:
+            busy.add(int(gateway))
+        lowest = start
+        for value in sorted(busy):
+            if value > lowest:
+                break
+            if value == lowest:
+                lowest += 1
+        if lowest <= end:
+            return ipaddress.IPv4Address(lowest)
         return self._longest_cooled(self.in_range, self._exhausted())
 
     def _exhausted(self) -> str:

@@ -208,6 +208,12 @@ class Store:
         ).fetchone()
         return AllocationRow.from_row(row) if row else None
 
+    def allocated_ips(self) -> set[str]:
+        return {ip for (ip,) in self.db.execute("SELECT ip FROM allocations")}
+
+    def cooling_ips(self) -> set[str]:
+        return {ip for (ip,) in self.db.execute("SELECT ip FROM cooling")}
+
     def cooling(self) -> dict[str, Instant]:
         """Released addresses not yet forgotten, with the instant of their release."""
         rows = self.db.execute("SELECT ip, released_at, released_boot, boot_id FROM cooling")
@@ -248,6 +254,16 @@ class Store:
             "INSERT OR REPLACE INTO cooling (ip, released_at, released_boot, boot_id) "
             "VALUES (?, ?, ?, ?)",
             (row.ip, released.wall, released.boot, released.boot_id),
+        )
+
+    def forget_cooled(self, now: Instant, cooldown: float) -> None:
+        """Forget addresses whose cooldown is over at ``now``: ``Instant.since`` in SQL
+        (time since boot within one boot, the wall clock across boots), so that an
+        allocation does not read every cooling address into Python."""
+        self.db.execute(
+            "DELETE FROM cooling WHERE CASE WHEN boot_id != '' AND boot_id = ? "
+            "THEN ? - released_boot >= ? ELSE ? - released_at >= ? END",
+            (now.boot_id, now.boot, cooldown, now.wall, cooldown),
         )
 
     def forget_cooling(self, ips: list[str]) -> None:
