@@ -266,6 +266,50 @@ def test_a_wall_clock_step_neither_ends_a_cooldown_nor_ages_an_allocation(
         assert str(first.ip) not in allocator.cooling()
 
 
+def test_the_lowest_gap_among_allocated_and_cooling_addresses_is_chosen(
+    tmp_path: Path,
+) -> None:
+    clock = SimulatedClock()
+    with open_allocator(make_config(tmp_path, cooldownSeconds=60), clock) as allocator:
+        for name in "abcdef":  # .2 to .7
+            allocator.allocate(name, "eth0")
+        allocator.release("b", "eth0")  # .3 cools
+        allocator.release("d", "eth0")  # .5 cools
+        assert str(allocator.allocate("g", "eth0")[0].ip) == "10.9.0.8"
+        clock.advance(61)
+        assert str(allocator.allocate("h", "eth0")[0].ip) == "10.9.0.3"
+        assert str(allocator.allocate("i", "eth0")[0].ip) == "10.9.0.5"
+
+
+def test_cooled_addresses_are_forgotten_by_boot_time_within_a_boot_and_wall_time_across(
+    tmp_path: Path,
+) -> None:
+    """The store forgets cooled addresses in SQL: the same rule as ``Instant.since``."""
+    clock = SimulatedClock()
+    config = make_config(tmp_path, cooldownSeconds=120)
+    with open_allocator(config, clock) as allocator:
+        first, _ = allocator.allocate("a", "eth0")
+        allocator.release("a", "eth0")
+        clock.step_wall(3600)  # the wall clock alone jumps: still cooling
+        allocator.allocate("b", "eth0")
+        assert str(first.ip) in allocator.store.cooling_ips()
+        clock.advance(119)
+        allocator.allocate("c", "eth0")
+        assert str(first.ip) in allocator.store.cooling_ips()
+        clock.advance(1)  # 120 s since boot time of the release: cooled
+        allocator.allocate("d", "eth0")
+        assert str(first.ip) not in allocator.store.cooling_ips()
+
+        second, _ = allocator.allocate("e", "eth0")
+        allocator.release("e", "eth0")
+        clock.reboot(downtime=60)  # across a boot, only the wall clock counts
+        allocator.allocate("f", "eth0")
+        assert str(second.ip) in allocator.store.cooling_ips()
+        clock.advance(60)
+        allocator.allocate("g", "eth0")
+        assert str(second.ip) not in allocator.store.cooling_ips()
+
+
 def test_after_a_reboot_only_the_wall_clock_counts(tmp_path: Path) -> None:
     clock = SimulatedClock()
     config = make_config(tmp_path, "10.9.0.0/29", cooldownSeconds=120)
