@@ -211,16 +211,33 @@ def _validate(
     )
 
 
+def not_text(value: str) -> str | None:
+    """Why ``value`` (an environment value, decoded with surrogateescape) cannot be
+    kept as text, or None: bytes that are not UTF-8 would fail in the store, the
+    logs and the JSON of an answer, far from the variable that brought them."""
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return "not UTF-8"
+    if any(c < " " or c == "\x7f" for c in value):
+        return "contains a control character"
+    return None
+
+
 def validate_ifname(ifname: str) -> None:
-    problem = None
-    if len(ifname) > IFNAME_MAX:
-        problem = f"longer than {IFNAME_MAX} characters"
-    elif ifname in (".", ".."):
-        problem = "not a valid name"
-    elif any(c in ifname for c in "/:") or any(c.isspace() for c in ifname):
-        problem = "contains '/', ':' or whitespace"
+    problem = not_text(ifname) or ifname_problem(ifname)
     if problem:
         raise CNIError(ERR_INVALID_ENV, f"invalid CNI_IFNAME {ifname!r}: {problem}")
+
+
+def ifname_problem(ifname: str) -> str | None:
+    if len(ifname) > IFNAME_MAX:
+        return f"longer than {IFNAME_MAX} characters"
+    if ifname in (".", ".."):
+        return "not a valid name"
+    if any(c in ifname for c in "/:") or any(c.isspace() for c in ifname):
+        return "contains '/', ':' or whitespace"
+    return None
 
 
 def parse_cni_args(text: str) -> dict[str, str]:
@@ -232,6 +249,9 @@ def parse_cni_args(text: str) -> dict[str, str]:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise CNIError(ERR_INVALID_ENV, f"invalid CNI_ARGS pair {pair!r}: expected KEY=VALUE")
+        problem = not_text(pair)
+        if problem:
+            raise CNIError(ERR_INVALID_ENV, f"invalid CNI_ARGS pair {pair!r}: {problem}")
         args[key] = value
     ignore = args.get("IgnoreUnknown", "false").lower()
     if ignore not in ("1", "true", "0", "false"):

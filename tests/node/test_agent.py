@@ -342,6 +342,30 @@ def test_a_cni_call_with_hostile_input_gets_the_cni_error(net: AgentNetwork) -> 
         assert rc == 1 and json.loads(out)["code"] == code, out
 
 
+def test_an_environment_that_is_not_utf8_gets_code_4_and_leaves_nothing(
+    net: AgentNetwork, pods: PodNamespaces
+) -> None:
+    """The executable forwards the environment as the kernel gave it; a pod name of
+    bytes that are not UTF-8 (or with a terminal escape) is refused at the edge, before
+    anything is allocated, not by the store midway through an ADD."""
+    for name in ("\udcff\udcfe", "a\x1b[2Jb"):  # what os.environ makes of such bytes
+        netns = pods.new()
+        refused = net.network.run(
+            "ADD",
+            net.config(),
+            container_id="c1",
+            netns=netns,
+            ifname="eth0",
+            cni_args=f"IgnoreUnknown=1;K8S_POD_NAMESPACE=x;K8S_POD_NAME={name}",
+        )
+        assert refused.error_code == 4 and "K8S_POD_NAME" in refused.out["msg"] + str(
+            refused.out.get("details")
+        ), refused.out
+    assert net.network.veths() == [] and net.network.allocations() == {}
+    assert net.endpoints() == []
+    assert net.ask({"op": "status"})["ready"]  # still serving
+
+
 # -- no window, restarts, concurrency ------------------------------------------------------
 
 

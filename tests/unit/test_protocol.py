@@ -65,6 +65,10 @@ def test_versions_and_verbs() -> None:
         ({"CNI_IFNAME": "eth/0"}, 4),
         ({"CNI_NETNS": ""}, 4),
         ({"CNI_ARGS": "FOO=bar"}, 4),
+        # bytes that are not UTF-8, as os.environ decodes them (surrogateescape)
+        ({"CNI_ARGS": "IgnoreUnknown=1;K8S_POD_NAME=\udcff\udcfe"}, 4),
+        ({"CNI_IFNAME": "eth\udcff"}, 4),
+        ({"CNI_ARGS": "IgnoreUnknown=1;K8S_POD_NAME=a\x1b[2Jb"}, 4),
     ],
 )
 def test_invalid_environment_is_code_4(env: dict[str, str], code: int) -> None:
