@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import sys
 import sysconfig
+
+SHELL_SAFE = re.compile(r"[A-Za-z0-9/._+-]+")
 
 TEMPLATE = """#!{python} -IS
 # sluice CNI plugin launcher, written by `sluicectl install`.
@@ -20,6 +23,14 @@ import sys
 sys.path[:0] = {paths!r}
 from {module} import main
 sys.exit(main())
+"""
+
+# With a runtime of sluice's own (``cni.runtime``), for nodes without Python: the
+# copied interpreter through the copied dynamic loader (the shell only execs).
+RUNTIME_TEMPLATE = """#!/bin/sh
+# sluice CNI plugin launcher, written by `sluicectl install --runtime`.
+exec {runtime}/lib/{loader} --library-path {runtime}/lib {runtime}/bin/{python} -IS -c \\
+  'import sys; sys.path[:0] = ["{site}"]; from {module} import main; sys.exit(main())'
 """
 
 ENTRY_POINTS = {"sluice": "cni.main", "sluice-ipam": "cni.ipam_plugin"}
@@ -44,12 +55,27 @@ def render(executable: str) -> str:
     )
 
 
-def write(bin_dir: str, executable: str) -> str:
-    """Write atomically, so a runtime never execs a half-written launcher."""
+def render_for_runtime(executable: str, runtime: str, loader: str, python: str) -> str:
+    """The launcher of a runtime copied to ``runtime`` (the node's path)."""
+    for value in (runtime, loader, python):
+        if not SHELL_SAFE.fullmatch(value):
+            raise ValueError(f"{value!r}: only letters, digits and /._+- go into a launcher")
+    return RUNTIME_TEMPLATE.format(
+        runtime=runtime,
+        loader=loader,
+        python=python,
+        site=f"{runtime}/site",
+        module=ENTRY_POINTS[executable],
+    )
+
+
+def write(bin_dir: str, executable: str, text: str | None = None) -> str:
+    """Write atomically, so a runtime never execs a half-written launcher; ``text``:
+    what ``render_for_runtime`` made, else the launcher of this interpreter."""
     path = os.path.join(bin_dir, executable)
     tmp = f"{path}.tmp.{os.getpid()}"
     with open(tmp, "w") as f:
-        f.write(render(executable))
+        f.write(render(executable) if text is None else text)
     os.chmod(tmp, 0o755)
     os.replace(tmp, path)
     return path

@@ -146,6 +146,21 @@ def _cidr(ctx: click.Context, param: click.Parameter, value: str | None) -> str 
     "clsact qdisc (faster to attach; excludes another ingress qdisc, so not with "
     "--chain bandwidth).",
 )
+@click.option(
+    "--runtime",
+    default=None,
+    metavar="DIR",
+    help="Copy a Python of sluice's own to DIR (e.g. /opt/sluice/runtime) and have the "
+    "launchers use it: for nodes without Python 3.11 (kind's node image).",
+)
+@click.option(
+    "--root",
+    default="/",
+    show_default=True,
+    metavar="DIR",
+    help="Where the node's filesystem is mounted (an init container's hostPath): the "
+    "directories given are the node's, and are written under DIR.",
+)
 def install(
     bin_dir: str,
     conf_dir: str,
@@ -162,6 +177,8 @@ def install(
     agent_socket: str,
     chain: tuple[str, ...],
     attach: str,
+    runtime: str | None,
+    root: str,
 ) -> None:
     """Write the sluice and sluice-ipam launchers into BIN_DIR and a conflist into CONF_DIR."""
     if attach == "tc" and "bandwidth" in chain:
@@ -169,10 +186,28 @@ def install(
             "--attach tc puts a clsact qdisc on each pod's veth, where bandwidth needs "
             "an ingress qdisc of its own: use --attach tcx with --chain bandwidth"
         )
-    os.makedirs(bin_dir, exist_ok=True)
-    os.makedirs(conf_dir, exist_ok=True)
-    for executable in launcher.ENTRY_POINTS:
-        click.echo(f"launcher  {launcher.write(bin_dir, executable)}")
+    for directory in (bin_dir, conf_dir, runtime):
+        if directory is not None and not os.path.isabs(directory):
+            raise click.BadParameter(f"{directory!r}: a node path must be absolute")
+    on_node = lambda path: os.path.join(root, path.lstrip("/"))  # noqa: E731
+    os.makedirs(on_node(bin_dir), exist_ok=True)
+    os.makedirs(on_node(conf_dir), exist_ok=True)
+    texts: dict[str, str | None] = dict.fromkeys(launcher.ENTRY_POINTS)
+    if runtime is not None:
+        from cni import runtime as own_runtime
+
+        try:
+            own_runtime.copy_runtime(on_node(runtime))
+            loader = own_runtime.loader_name()
+        except (own_runtime.RuntimeCopyError, OSError) as err:
+            raise click.ClickException(f"failed to copy the runtime to {runtime}: {err}") from None
+        python = own_runtime.python_dir_name()
+        for executable in texts:
+            texts[executable] = launcher.render_for_runtime(executable, runtime, loader, python)
+        click.echo(f"runtime   {runtime} (Python {python[6:]}, no Python needed on the node)")
+    for executable, text in texts.items():
+        launcher.write(on_node(bin_dir), executable, text)
+        click.echo(f"launcher  {os.path.join(bin_dir, executable)}")
     conflist = build_conflist(
         name,
         cni_version,
@@ -187,10 +222,11 @@ def install(
         chain,
         attach,
     )
-    path = os.path.join(conf_dir, conf_name)
+    path = on_node(os.path.join(conf_dir, conf_name))
     tmp = f"{path}.tmp.{os.getpid()}"
     with open(tmp, "w") as f:
         json.dump(conflist, f, indent=2)
         f.write("\n")
     os.replace(tmp, path)
-    click.echo(f"conflist  {path} (network {name!r}, subnet {subnet}, policy {policy})")
+    shown = os.path.join(conf_dir, conf_name)
+    click.echo(f"conflist  {shown} (network {name!r}, subnet {subnet}, policy {policy})")

@@ -18,7 +18,7 @@ LAYERS: list[list[str]] = [
     ["ipam"],
     ["cni.errors"],
     ["cni.versions", "cni.log", "cni.invoke", "cni.attachment"],
-    ["cni.result", "cni.net", "cni.conflist", "cni.launcher"],
+    ["cni.result", "cni.net", "cni.conflist", "cni.launcher", "cni.runtime"],
     ["cni.protocol", "cni.datapath"],
     ["cni.netconf", "cni.call"],
     ["cni.delegate", "cni.policy"],
