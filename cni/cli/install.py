@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import re
 from typing import Any
 
 import click
@@ -147,6 +148,19 @@ def _cidr(ctx: click.Context, param: click.Parameter, value: str | None) -> str 
     "--chain bandwidth).",
 )
 @click.option(
+    "--subnet-from-node",
+    default=None,
+    metavar="NODE",
+    help="Take the subnet from this Node's spec.podCIDR in the API (--kubeconfig, or in "
+    "a pod its service account), as an init container does with spec.nodeName.",
+)
+@click.option(
+    "--kubeconfig",
+    default=None,
+    help="The cluster of --subnet-from-node [default: in a pod, its service account; "
+    "else $KUBECONFIG or ~/.kube/config].",
+)
+@click.option(
     "--runtime",
     default=None,
     metavar="DIR",
@@ -177,6 +191,8 @@ def install(
     agent_socket: str,
     chain: tuple[str, ...],
     attach: str,
+    subnet_from_node: str | None,
+    kubeconfig: str | None,
     runtime: str | None,
     root: str,
 ) -> None:
@@ -186,6 +202,8 @@ def install(
             "--attach tc puts a clsact qdisc on each pod's veth, where bandwidth needs "
             "an ingress qdisc of its own: use --attach tcx with --chain bandwidth"
         )
+    if subnet_from_node is not None:
+        subnet = node_pod_cidr(subnet_from_node, kubeconfig)
     for directory in (bin_dir, conf_dir, runtime):
         if directory is not None and not os.path.isabs(directory):
             raise click.BadParameter(f"{directory!r}: a node path must be absolute")
@@ -230,3 +248,37 @@ def install(
     os.replace(tmp, path)
     shown = os.path.join(conf_dir, conf_name)
     click.echo(f"conflist  {shown} (network {name!r}, subnet {subnet}, policy {policy})")
+
+
+def node_pod_cidr(node: str, kubeconfig: str | None) -> str:
+    """The IPv4 podCIDR the node controller gave ``node``."""
+    if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", node):
+        raise click.BadParameter(f"{node!r} is not a node name", param_hint="--subnet-from-node")
+    from cni.k8s.api import Api, ApiError
+    from cni.k8s.kubeconfig import ConfigError
+
+    try:
+        api = Api(kubeconfig)
+    except (ConfigError, OSError) as err:
+        raise click.ClickException(f"failed to reach the API for node {node!r}: {err}") from None
+    try:
+        found = api.get(f"/api/v1/nodes/{node}")
+    except (ApiError, OSError) as err:
+        raise click.ClickException(f"failed to read node {node!r}: {err}") from None
+    finally:
+        api.close()
+    if found is None:
+        raise click.ClickException(f"node {node!r} does not exist")
+    spec = found.get("spec") or {}
+    cidrs = spec.get("podCIDRs") or ([spec["podCIDR"]] if spec.get("podCIDR") else [])
+    for cidr in cidrs:
+        try:
+            network = ipaddress.ip_network(cidr)
+        except ValueError:
+            continue
+        if network.version == 4:
+            return str(network)
+    raise click.ClickException(
+        f"node {node!r} has no IPv4 podCIDR (spec.podCIDRs: {cidrs}); is the controller "
+        "manager allocating node CIDRs (--allocate-node-cidrs)?"
+    )

@@ -18,6 +18,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -183,6 +184,38 @@ def test_node_is_ready_with_sluice_as_its_cni(k8s_cluster: Cluster) -> None:
     assert node["spec"]["podCIDR"] == k8s_cluster.pod_cidr
     conflists = sorted(p.name for p in k8s_cluster.cni_conf_dir.iterdir())
     assert conflists == [k8s_cluster.sluice_conf.name]
+
+
+def test_install_takes_the_subnet_from_the_node(k8s_cluster: Cluster, tmp_path: Path) -> None:
+    """As an init container does, given spec.nodeName: the conflist gets the podCIDR the
+    controller manager allocated to the node."""
+    sluicectl = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "sluicectl"
+
+    def install(node: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [
+                sluicectl,
+                "install",
+                "--bin-dir",
+                tmp_path / "bin",
+                "--conf-dir",
+                tmp_path / "net.d",
+                "--subnet-from-node",
+                node,
+                "--kubeconfig",
+                k8s_cluster.kubeconfig,
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+
+    installed = install(k8s_cluster.node_name)
+    assert installed.returncode == 0, installed.stderr
+    conflist = json.loads((tmp_path / "net.d" / "10-sluice.conflist").read_text())
+    assert conflist["plugins"][0]["ipam"]["subnet"] == k8s_cluster.pod_cidr
+    missing = install("no-such-node")
+    assert missing.returncode != 0 and "does not exist" in missing.stderr
 
 
 def test_pod_addresses_come_from_sluice(k8s_cluster: Cluster, served: ServedPods) -> None:
