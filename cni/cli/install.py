@@ -9,6 +9,7 @@ import re
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from cni import launcher, netconf
 from cni.conflist import DEFAULT_CONF
@@ -175,7 +176,9 @@ def _cidr(ctx: click.Context, param: click.Parameter, value: str | None) -> str 
     help="Where the node's filesystem is mounted (an init container's hostPath): the "
     "directories given are the node's, and are written under DIR.",
 )
+@click.pass_context
 def install(
+    ctx: click.Context,
     bin_dir: str,
     conf_dir: str,
     conf_name: str,
@@ -203,10 +206,17 @@ def install(
             "an ingress qdisc of its own: use --attach tcx with --chain bandwidth"
         )
     if subnet_from_node is not None:
+        if ctx.get_parameter_source("subnet") != ParameterSource.DEFAULT:
+            raise click.UsageError("give --subnet or --subnet-from-node, not both")
         subnet = node_pod_cidr(subnet_from_node, kubeconfig)
     for directory in (bin_dir, conf_dir, runtime):
         if directory is not None and not os.path.isabs(directory):
             raise click.BadParameter(f"{directory!r}: a node path must be absolute")
+    if runtime is not None and not launcher.SHELL_SAFE.fullmatch(runtime):
+        raise click.BadParameter(
+            f"{runtime!r}: only letters, digits and /._+- (it goes into a shell launcher)",
+            param_hint="--runtime",
+        )
     on_node = lambda path: os.path.join(root, path.lstrip("/"))  # noqa: E731
     os.makedirs(on_node(bin_dir), exist_ok=True)
     os.makedirs(on_node(conf_dir), exist_ok=True)

@@ -53,6 +53,21 @@ def test_install_rejects_a_bad_subnet(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "10.1.2.3/24" in proc.stderr
 
 
+def test_install_refuses_what_it_cannot_write_safely(tmp_path: Path) -> None:
+    where = ("install", "--bin-dir", tmp_path / "bin", "--conf-dir", tmp_path / "conf")
+    for options, message in (
+        (("--subnet", "10.1.0.0/24", "--subnet-from-node", "n1"), "not both"),
+        (("--subnet-from-node", "Bad_Name"), "is not a node name"),
+        (("--runtime", str(tmp_path / "a b")), "shell launcher"),
+        (("--runtime", "relative/dir"), "must be absolute"),
+    ):
+        proc = sluicectl(*where, *options)
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    unreachable = sluicectl(*where, "--subnet-from-node", "n1", "--kubeconfig", tmp_path / "x")
+    assert unreachable.returncode == 1 and "failed to reach the API" in unreachable.stderr
+    assert not (tmp_path / "conf").exists()  # refused before anything was written
+
+
 def install(tmp_path: Path, *options: object) -> tuple[Path, Path]:
     """Install into scratch directories; return (bin dir, conflist)."""
     bin_dir, conf_dir = tmp_path / "bin", tmp_path / "net.d"
