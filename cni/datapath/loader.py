@@ -213,7 +213,9 @@ def _load(bpf_dir: str, settings: DatapathSettings, stale: list[int] | None = No
     except ImportError as err:
         raise CNIError(
             ERR_KERNEL,
-            f"failed to load the datapath: bcc is not available ({err}); install python3-bpfcc",
+            f"failed to load the datapath: bcc is not available ({err}); install "
+            "python3-bpfcc, or have the agent (or `sluicectl datapath load`) pin the "
+            "datapath where bcc is",
         ) from None
     defines = [f"-D{name}={value}" for name, value in settings.compiled().items()]
     try:

@@ -153,6 +153,27 @@ def test_add_check_del_in_process_without_python(
     assert network.veths() == [] and network.allocations() == {}
 
 
+def test_with_nothing_pinned_an_add_fails_cleanly(
+    network: Network, pods: PodNamespaces, runtime: Path
+) -> None:
+    """The runtime has no compiler: the ADD says so and where to pin, and leaves nothing."""
+    bpf_dir = f"/sys/fs/bpf/slt-unpinned-{uuid.uuid4().hex[:8]}"
+    try:
+        refused = network.run(
+            "ADD",
+            network.config(bpfDir=bpf_dir),
+            container_id="c1",
+            netns=pods.new(),
+            ifname="eth0",
+        )
+        assert refused.error_code == 100, refused.stdout
+        assert "bcc is not available" in refused.out["details"]
+        assert "sluicectl datapath load" in refused.out["details"]
+        assert network.veths() == [] and network.allocations() == {}
+    finally:
+        subprocess.run(["rm", "-rf", bpf_dir], check=False)
+
+
 def test_calls_go_to_the_agent_from_a_node_without_python(
     tmp_path: Path, pods: PodNamespaces, runtime: Path
 ) -> None:
