@@ -93,10 +93,11 @@ def extension_dir() -> Path:
     return Path(spec.origin).parent
 
 
-def copy_runtime(destination: str) -> None:
+def copy_runtime(destination: str) -> str:
     """Copy the runtime to ``destination``, a symbolic link to a directory of this
     copy, switched in one rename: a plugin starting meanwhile runs the old copy or the
-    new one, never half of either. The copy it replaces is removed."""
+    new one, never half of either. The copy it replaces is removed. Returns the file
+    name of the dynamic loader in ``lib/``, which the launchers exec."""
     final = Path(destination)
     final.parent.mkdir(parents=True, exist_ok=True)
     staging = final.with_name(f".{final.name}.{os.getpid()}.{time.time_ns()}")
@@ -106,7 +107,7 @@ def copy_runtime(destination: str) -> None:
     for directory in (staging / "bin", lib, site):
         directory.mkdir(parents=True)
     try:
-        _fill(staging, lib, stdlib, site)
+        loader = _fill(staging, lib, stdlib, site)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -118,12 +119,24 @@ def copy_runtime(destination: str) -> None:
     os.replace(link, final)
     if previous and previous != str(staging):
         shutil.rmtree(previous, ignore_errors=True)
+    return loader
 
 
-def _fill(staging: Path, lib: Path, stdlib: Path, site: Path) -> None:
+def _fill(staging: Path, lib: Path, stdlib: Path, site: Path) -> str:
     python = interpreter()
     shutil.copy2(python, staging / "bin" / python_dir_name())
-    shutil.copytree(sysconfig.get_paths()["stdlib"], stdlib, ignore=_skip_stdlib)
+    source_stdlib = sysconfig.get_paths()["stdlib"]
+
+    def skipped(directory: str, names: list[str]) -> set[str]:
+        if directory != source_stdlib:
+            return set()
+        return {
+            n
+            for n in names
+            if n in STDLIB_SKIPPED or n.startswith(("site-packages", "dist-packages", "config-"))
+        }
+
+    shutil.copytree(source_stdlib, stdlib, ignore=skipped)
     dynload = stdlib / "lib-dynload"
     if not dynload.exists():
         shutil.copytree(extension_dir(), dynload)
@@ -156,6 +169,7 @@ def _fill(staging: Path, lib: Path, stdlib: Path, site: Path) -> None:
         check=False,
         capture_output=True,
     )
+    return loader.name
 
 
 def _find_library(soname: str) -> Path | None:
@@ -164,20 +178,3 @@ def _find_library(soname: str) -> Path | None:
         if candidate.exists():
             return candidate
     return None
-
-
-def _skip_stdlib(directory: str, names: list[str]) -> set[str]:
-    if os.path.samefile(directory, sysconfig.get_paths()["stdlib"]):
-        return {
-            n
-            for n in names
-            if n in STDLIB_SKIPPED or n.startswith(("site-packages", "dist-packages", "config-"))
-        }
-    return set()
-
-
-def loader_name() -> str:
-    _, loader = linked_libraries([interpreter()])
-    if loader is None:
-        raise RuntimeCopyError(f"ldd named no dynamic loader for {interpreter()}")
-    return loader.name

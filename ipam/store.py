@@ -266,10 +266,6 @@ class Store:
             (now.boot_id, now.boot, cooldown, now.wall, cooldown),
         )
 
-    def forget_cooling(self, ips: list[str]) -> None:
-        """Forget addresses that have cooled down."""
-        self.db.executemany("DELETE FROM cooling WHERE ip = ?", [(ip,) for ip in ips])
-
     def add_prefix(self, cidr: str, claimed_at: float) -> None:
         self.db.execute("INSERT OR IGNORE INTO prefixes VALUES (?, ?)", (cidr, claimed_at))
 

@@ -225,8 +225,7 @@ def install(
         from cni import runtime as own_runtime
 
         try:
-            own_runtime.copy_runtime(on_node(runtime))
-            loader = own_runtime.loader_name()
+            loader = own_runtime.copy_runtime(on_node(runtime))
         except (own_runtime.RuntimeCopyError, OSError) as err:
             raise click.ClickException(f"failed to copy the runtime to {runtime}: {err}") from None
         python = own_runtime.python_dir_name()

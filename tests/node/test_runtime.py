@@ -93,18 +93,11 @@ def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     yield work
 
 
-@pytest.fixture
-def network(tmp_path: Path, runtime: Path) -> Iterator[Network]:
-    net = Network(
-        name=f"slt{uuid.uuid4().hex[:7]}",
-        subnet=f"10.{200 + int(uuid.uuid4().hex[:2], 16) % 40}.{uuid.uuid4().int % 256}.0/24",
-        state_dir=tmp_path / "state",
-        bin_dir=runtime / "bin",
-    )
-    try:
-        yield net
-    finally:
-        net.cleanup()
+@pytest.fixture(scope="module")
+def bin_dir(runtime: Path) -> Path:
+    """The CNI bin directory of this module's networks (conftest's ``network``): the
+    wrapped runtime launchers."""
+    return runtime / "bin"
 
 
 def test_python_is_hidden_in_the_namespace() -> None:
@@ -175,9 +168,9 @@ def test_with_nothing_pinned_an_add_fails_cleanly(
 
 
 def test_calls_go_to_the_agent_from_a_node_without_python(
-    tmp_path: Path, pods: PodNamespaces, runtime: Path
+    tmp_path: Path, pods: PodNamespaces, bin_dir: Path
 ) -> None:
-    net = AgentNetwork.create(tmp_path, runtime / "bin")
+    net = AgentNetwork.create(tmp_path, bin_dir)
     try:
         net.start()
         netns = pods.new()
