@@ -89,16 +89,16 @@ clean:
 # --- A real Kubernetes: build cache, single-node cluster, NetworkPolicy e2e --------
 # Kubernetes v1.34.4 is built from the Go module proxy once into a cache outside the
 # repository (SLUICE_K8S_CACHE, default /var/cache/sluice/k8s-v1.34.4); the tests in
-# tests/node/test_kubernetes.py and `make e2e` run a single-node cluster from it with
-# sluice as the only CNI. `python -m tests.k8s up|down|status` drives it by hand.
+# tests/node/agent/test_kubernetes.py and `make e2e` run a single-node cluster from it with
+# sluice as the only CNI. `python -m tests.harness up|down|status` drives it by hand.
 DEB_PACKAGES += etcd-server conntrack openssl
 
 .PHONY: k8s-build e2e
 
 k8s-build: deps venv
-	$(PY) -m tests.k8s build
+	$(PY) -m tests.harness build
 
 # Up, Kubernetes' `[sig-network] Netpol` specs (SCTP connectivity skipped), down, tally.
 # E2E_ARGS passes options through, e.g. E2E_ARGS="--focus 'allow-all'".
 e2e: setup k8s-build
-	PATH="$(CURDIR)/$(TOOLS):$$PATH" $(PY) -m tests.k8s e2e $(E2E_ARGS)
+	PATH="$(CURDIR)/$(TOOLS):$$PATH" $(PY) -m tests.harness e2e $(E2E_ARGS)

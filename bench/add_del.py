@@ -31,11 +31,11 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from cni.attachment import ALIAS_PREFIX
 from cni.datapath import loader
-from cni.invoke import cni_env, invoke
 from cni.net import link
 from cni.net.rtnl import Rtnl
+from cni.spec.attachment import ALIAS_PREFIX
+from cni.spec.invoke import cni_env, invoke
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = Path("/usr/lib/cni")

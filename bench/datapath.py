@@ -52,7 +52,7 @@ drops in the kernel; the iperf3 client's retransmitted segments and how many
 of them the receiver reported as duplicates (DSACK), i.e. were not lost.
 Everything the run creates (pods, bpfDir, iptables chain) is removed at the
 end, also on failure, Ctrl-C or SIGTERM. The parts live in bench/dpbench/:
-topology (pods wired by the plugin through cni.invoke), traffic (run in the
+topology (pods wired by the plugin through cni.spec.invoke), traffic (run in the
 pods), configs (configurations and policies), iptables (the baseline
 chain), report (the table).
 

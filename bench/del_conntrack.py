@@ -4,7 +4,7 @@
 Each endpoint has its own conntrack table, so DEL drops the pod's table in
 one map operation whatever it holds; nothing walks the entries. This
 measures it: pods are ADDed and DELeted by the real plugin (exec'd through
-cni.invoke, as a runtime does), one at a time, in two interleaved cases:
+cni.spec.invoke, as a runtime does), one at a time, in two interleaved cases:
 
     empty     no other conntrack entry on the node; the pod's table empty
     100,000   a filler endpoint holds 100,000 live entries, and the pod's own
@@ -34,7 +34,7 @@ from pathlib import Path
 from cni.datapath import bpf, loader
 from cni.datapath.maps import Datapath
 from cni.datapath.structs import CTEntry, CTKey, Endpoint, ip_be
-from cni.invoke import cni_env, invoke
+from cni.spec.invoke import cni_env, invoke
 
 ROOT = Path(__file__).resolve().parent.parent
 FILLER_ENTRIES = 100_000

@@ -9,7 +9,7 @@ them (addresses set through the status subresource, as a kubelet would) and
 
 Then, once with ``sluicectl controller`` and agents in controller mode, once with
 agents resolving on their own: one simulated agent per node (the agent's real
-sources and enforcer, a datapath that records installs; ``tests/support/
+sources and enforcer, a datapath that records installs; ``tests/harness/
 simulated_agent.py``), each wiring its node's pods. Agents run in --workers
 processes, and the agent of the first node in a process of its own, whose
 resident memory and API traffic are reported. Then --changes pod label changes,
@@ -46,13 +46,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
+from cni.k8s import objects  # noqa: E402
 from policy_resolve import APPS, TIERS, namespaces, pods, policies  # noqa: E402
 
-from cni.k8s import objects  # noqa: E402
-from cni.k8s.api import Api  # noqa: E402
-from cni.k8s.objects import ADDRESS_SET, POLICY_ENDPOINTS, POLICY_TARGETS  # noqa: E402
+from cni.kube.api import Api  # noqa: E402
 from cni.policy.model import Pod, PodKey, labels_of  # noqa: E402
 from cni.policy.parse import parse_pod  # noqa: E402
+from cni.policy.published.objects import ADDRESS_SET, POLICY_ENDPOINTS, POLICY_TARGETS  # noqa: E402
 from cni.policy.resolve import PolicyIndex  # noqa: E402
 
 CRDS = ROOT / "conf" / "policyendpoints.yaml"
@@ -77,8 +77,8 @@ def percentile(values: list[float], fraction: float) -> float:
 
 def serve_agents(kubeconfig: str, resolver: str, nodes: list[str]) -> None:
     """An agent process: agents for ``nodes``, answering commands on stdin (JSON lines)."""
-    from cni.k8s.memory import limit_malloc_arenas
-    from tests.support.simulated_agent import SimulatedAgent, recorded_installs
+    from cni.kube.memory import limit_malloc_arenas
+    from tests.harness.simulated_agent import SimulatedAgent, recorded_installs
 
     limit_malloc_arenas()  # as the agent's daemon does at start
     after_imports = rss_mb()
@@ -187,7 +187,7 @@ class AgentProcess:
 
 
 def create_world(api: Api, args: argparse.Namespace) -> tuple[PolicyIndex, list[str]]:
-    from tests.support.k8s_objects import create_world as create
+    from tests.harness.k8s_objects import create_world as create
 
     all_namespaces = namespaces(args.namespaces)
     all_pods = pods(args.pods, args.namespaces, args.nodes)
@@ -469,7 +469,7 @@ def main() -> None:
         measure_trimming(args.kubeconfig)
         return
 
-    from tests.k8s.cluster import Cluster
+    from tests.harness.cluster import Cluster
 
     cluster = None
     if args.kubeconfig is None:

@@ -37,9 +37,9 @@ from pathlib import Path
 
 import yaml
 
-from cni.agent.client import call
 from cni.datapath import loader
-from cni.invoke import cni_env, invoke
+from cni.plugin.client import call
+from cni.spec.invoke import cni_env, invoke
 
 ROOT = Path(__file__).resolve().parent.parent
 SLUICECTL = ROOT / ".venv" / "bin" / "sluicectl"

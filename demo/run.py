@@ -28,7 +28,7 @@ import time
 import uuid
 from pathlib import Path
 
-from cni.invoke import cni_env, invoke
+from cni.spec.invoke import cni_env, invoke
 
 ROOT = Path(__file__).resolve().parent.parent
 SLUICECTL = str(ROOT / ".venv" / "bin" / "sluicectl")

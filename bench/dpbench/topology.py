@@ -1,5 +1,5 @@
 """Two pods on this node wired by the real plugin, run as a runtime runs it
-(cni.invoke), with the benchmark's servers in the server pod."""
+(cni.spec.invoke), with the benchmark's servers in the server pod."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from cni.datapath import endpoint
-from cni.invoke import cni_env, invoke
 from cni.net.netlink import Rtnl
+from cni.spec.invoke import cni_env, invoke
 from dpbench import traffic
 from dpbench.configs import BENCH_PORTS, CRR_PORT, IPERF_PORT, RR_PORT, SUBNET, Pod
 from dpbench.plumbing import quietly, run, stop

@@ -20,26 +20,26 @@ import threading
 import time
 from typing import Any
 
-from cni import ipam_client, wiring
 from cni.agent.enforcer import Enforcer
 from cni.agent.handlers import Handlers
+from cni.agent.kube_source import COLLECTIONS, KubernetesSource
+from cni.agent.local_store import LocalStore
 from cni.agent.server import AgentServer
-from cni.agent.sources import LocalStore
+from cni.agent.shard_source import controller_collections
 from cni.agent.state import AgentState, EndpointRecord
-from cni.attachment import Attachment
 from cni.datapath import endpoint, loader
 from cni.datapath.maps import Datapath
 from cni.datapath.reaper import Reaper
-from cni.errors import CNIError
-from cni.k8s.api import Api
-from cni.k8s.memory import limit_malloc_arenas
-from cni.k8s.shard_index import ShardIndex
-from cni.k8s.shard_source import controller_collections
-from cni.k8s.source import COLLECTIONS, KubernetesSource
+from cni.kube.api import Api
+from cni.kube.memory import limit_malloc_arenas
 from cni.net import link
 from cni.net.netlink import node_socket
-from cni.netconf import NetConf
-from cni.verbs import delete
+from cni.plugin import ipam_client, wiring
+from cni.plugin.netconf import NetConf
+from cni.plugin.verbs import delete
+from cni.policy.published.index import ShardIndex
+from cni.spec.attachment import Attachment
+from cni.spec.errors import CNIError
 
 log = logging.getLogger("sluice.agent")
 
@@ -99,7 +99,7 @@ class Agent:
 
     def start(self) -> None:
         started = time.monotonic()
-        limit_malloc_arenas()  # before any thread starts (see cni/k8s/memory.py)
+        limit_malloc_arenas()  # before any thread starts (see cni/kube/memory.py)
         conf = self.conf
         if loader.load(conf.bpf_dir, settings=conf.datapath):
             log.info("compiled and pinned the datapath in %s", conf.bpf_dir)
@@ -199,7 +199,7 @@ class Agent:
         adopted, gone = [], []
         with node_socket() as node:
             for record in self.state.endpoints():
-                from cni.attachment import node_veth_name
+                from cni.spec.attachment import node_veth_name
 
                 veth = link.get_link(
                     node, node_veth_name(self.conf.network, record.container_id, record.ifname)

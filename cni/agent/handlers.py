@@ -17,14 +17,15 @@ import threading
 import time
 from typing import Any
 
-from cni import netconf
-from cni.agent import wire
 from cni.agent.enforcer import Enforcer, NotReady
+from cni.agent.local_store import LocalStore
 from cni.agent.retire import Retirer
-from cni.agent.sources import LocalStore
 from cni.agent.state import EndpointRecord
-from cni.call import execute
-from cni.errors import (
+from cni.plugin import netconf, wire
+from cni.plugin.netconf import NetConf
+from cni.plugin.verbs import add, check, delete, gc, status
+from cni.spec.call import execute
+from cni.spec.errors import (
     ERR_CHECK_FAILED,
     ERR_INVALID_CONFIG,
     ERR_NO_ADDRESS,
@@ -32,10 +33,8 @@ from cni.errors import (
     ERR_TRY_AGAIN,
     CNIError,
 )
-from cni.netconf import NetConf
-from cni.protocol import Request, prev_result, requested_mac, valid_attachments
-from cni.result import Result
-from cni.verbs import add, check, delete, gc, status
+from cni.spec.protocol import Request, prev_result, requested_mac, valid_attachments
+from cni.spec.result import Result
 
 log = logging.getLogger("sluice.agent")
 

@@ -20,7 +20,7 @@ from prometheus_client.registry import Collector
 
 from cni.datapath import ctpool, rcu
 from cni.datapath.maps import Datapath
-from cni.netconf import NetConf
+from cni.plugin.netconf import NetConf
 
 log = logging.getLogger("sluice.agent")
 
@@ -77,7 +77,7 @@ class _Scraped(Collector):
         yield from self._datapath()
 
     def _ipam(self) -> Iterator[Any]:
-        from cni.netconf import DelegatedIPAM
+        from cni.plugin.netconf import DelegatedIPAM
 
         if isinstance(self.conf.ipam, DelegatedIPAM):
             return

@@ -1,6 +1,6 @@
 """Finishing DELs after they have answered.
 
-DEL answers once the pair is out of service (``cni.verbs.delete``: down,
+DEL answers once the pair is out of service (``cni.plugin.verbs.delete``: down,
 unrouted, its endpoint forgotten); the rest (masquerade entry, conntrack
 entries, the address, and last the veth, whose deletion waits 20 to 45 ms
 for the kernel's RCU callbacks) runs here. A few run at once, so that their

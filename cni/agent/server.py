@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from cni.agent import wire
+from cni.plugin import wire
 
 log = logging.getLogger("sluice.agent")
 

@@ -7,10 +7,10 @@ import os
 
 import click
 
-from cni import conflist as conflist_mod
-from cni.conflist import DEFAULT_CONF
-from cni.errors import CNIError
-from cni.netconf import NetConf, parse
+from cni.plugin.netconf import NetConf, parse
+from cni.spec import conflist as conflist_mod
+from cni.spec.conflist import DEFAULT_CONF
+from cni.spec.errors import CNIError
 
 conf_option = click.option(
     "--conf", "conf_path", default=None, help=f"The network's conflist [default: {DEFAULT_CONF}]."

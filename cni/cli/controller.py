@@ -8,8 +8,8 @@ import threading
 
 import click
 
-from cni.k8s.lease import LEASE_SECONDS, RENEW_DEADLINE_SECONDS, RETRY_SECONDS
-from cni.k8s.publisher import ADDRESS_SET_CAPACITY, TARGETS_CAPACITY
+from cni.controller.publisher import ADDRESS_SET_CAPACITY, TARGETS_CAPACITY
+from cni.kube.lease import LEASE_SECONDS, RENEW_DEADLINE_SECONDS, RETRY_SECONDS
 
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
@@ -71,8 +71,8 @@ def controller(
     for agents started with `--resolver controller`. Several may run: one leads (a
     Lease), the others stand by. Stops cleanly on SIGTERM, giving the lease up."""
     from cni.agent.daemon import setup_logging
-    from cni.k8s.api import Api
-    from cni.k8s.controller import Controller
+    from cni.controller.controller import Controller
+    from cni.kube.api import Api
 
     setup_logging(debug)
     try:

@@ -10,10 +10,10 @@ from typing import Any
 
 import click
 
-from cni import conflist as conflist_mod
 from cni.cli.common import conf_option
-from cni.conflist import DEFAULT_CONF
-from cni.netconf import DEFAULT_BPF_DIR
+from cni.plugin.netconf import DEFAULT_BPF_DIR
+from cni.spec import conflist as conflist_mod
+from cni.spec.conflist import DEFAULT_CONF
 
 
 def plugin_of(conf_path: str | None) -> dict[str, Any]:
@@ -81,7 +81,7 @@ def load(conf_path: str | None, bpf_dir: str | None, force: bool, replace: bool)
     tunables at once, map sizes with --replace.
     """
     from cni.datapath import loader
-    from cni.errors import CNIError
+    from cni.spec.errors import CNIError
 
     directory = bpf_dir_of(conf_path, bpf_dir)
     settings = settings_of(conf_path, bpf_dir)
@@ -97,12 +97,12 @@ def load(conf_path: str | None, bpf_dir: str | None, force: bool, replace: bool)
 
 
 def show_report(bpf_dir: str) -> dict[str, Any]:
-    from cni.attachment import parse_alias
     from cni.datapath import bpf, loader
     from cni.datapath.endpoint import HOOKS, UPLINK_HOOKS, attached_programs, uplinks
     from cni.datapath.maps import MAPS
     from cni.datapath.structs import ip_str
     from cni.net.netlink import Rtnl
+    from cni.spec.attachment import parse_alias
 
     programs = {}
     for name in (*HOOKS, *UPLINK_HOOKS):

@@ -11,9 +11,10 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from cni import launcher, netconf
-from cni.conflist import DEFAULT_CONF
 from cni.datapath.settings import ATTACH_MODES
+from cni.install import launcher
+from cni.plugin import netconf
+from cni.spec.conflist import DEFAULT_CONF
 
 # Chained plugins sluicectl knows how to configure, with the capabilities
 # they need from the runtime.
@@ -222,7 +223,7 @@ def install(
     os.makedirs(on_node(conf_dir), exist_ok=True)
     texts: dict[str, str | None] = dict.fromkeys(launcher.ENTRY_POINTS)
     if runtime is not None:
-        from cni import runtime as own_runtime
+        from cni.install import runtime as own_runtime
 
         try:
             loader = own_runtime.copy_runtime(on_node(runtime))
@@ -263,8 +264,8 @@ def node_pod_cidr(node: str, kubeconfig: str | None) -> str:
     """The IPv4 podCIDR the node controller gave ``node``."""
     if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", node):
         raise click.BadParameter(f"{node!r} is not a node name", param_hint="--subnet-from-node")
-    from cni.k8s.api import Api, ApiError
-    from cni.k8s.kubeconfig import ConfigError
+    from cni.kube.api import Api, ApiError
+    from cni.kube.kubeconfig import ConfigError
 
     try:
         api = Api(kubeconfig)

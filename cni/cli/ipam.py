@@ -11,8 +11,8 @@ from typing import Any
 import click
 
 from cni.cli.common import conf_option, load_conflist, netconf_of
-from cni.conflist import ConflistError
-from cni.netconf import NetConf
+from cni.plugin.netconf import NetConf
+from cni.spec.conflist import ConflistError
 from ipam import config as ipam_config
 from ipam.allocator import Allocator
 from ipam.errors import IPAMError
@@ -133,8 +133,8 @@ def gc(conf_path: str | None, valid: tuple[str, ...], none_valid: bool, dry_run:
     if dry_run:
         return
     if target.sluice is not None:
-        from cni.errors import CNIError
-        from cni.verbs.gc import gc as gc_verb
+        from cni.plugin.verbs.gc import gc as gc_verb
+        from cni.spec.errors import CNIError
 
         try:
             gc_verb(target.sluice, keep)
@@ -176,9 +176,9 @@ def check(conf_path: str | None, repair: bool, output: str) -> None:
 def _node_attachments(conf: NetConf) -> Iterator[tuple[Any, Any]]:
     """How to list the network's veths with the addresses routed to them, and how to
     remove one (veth, datapath endpoint, masquerade entries)."""
-    from cni import wiring
     from cni.net import masq
     from cni.net.netlink import node_socket
+    from cni.plugin import wiring
 
     with node_socket() as node:
 

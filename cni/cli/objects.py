@@ -16,7 +16,7 @@ from cni.cli.common import conf_option, load_conflist, netconf_of
 
 
 def ask(conf_path: str | None, request: dict[str, Any]) -> dict[str, Any]:
-    from cni.agent.client import AgentUnavailable, call
+    from cni.plugin.client import AgentUnavailable, call
 
     conf = netconf_of(load_conflist(conf_path))
     try:

@@ -8,12 +8,13 @@ import subprocess
 
 import click
 
-from cni import conflist as conflist_mod
-from cni import launcher, versions
 from cni.cli.common import netconf_of
-from cni.conflist import DEFAULT_CONF
-from cni.errors import CNIError
-from cni.netconf import DelegatedIPAM, NetConf
+from cni.install import launcher
+from cni.plugin.netconf import DelegatedIPAM, NetConf
+from cni.spec import conflist as conflist_mod
+from cni.spec import versions
+from cni.spec.conflist import DEFAULT_CONF
+from cni.spec.errors import CNIError
 
 
 def launcher_state(bin_dir: str, executable: str) -> tuple[bool, str]:
@@ -69,7 +70,7 @@ def status(conf_path: str, bin_dir: str) -> None:
     try:
         if conf.policy == "enforce":
             _agent_status(conf)
-        from cni.verbs.status import status as status_verb
+        from cni.plugin.verbs.status import status as status_verb
 
         status_verb(conf)
         click.echo(f"{'status:':13}ready")
@@ -81,9 +82,9 @@ def status(conf_path: str, bin_dir: str) -> None:
 
 def _agent_status(conf: NetConf) -> None:
     """An enforced network is served by the agent: it must answer and be ready."""
-    from cni.agent.client import AgentUnavailable, call
-    from cni.errors import ERR_NOT_AVAILABLE
-    from cni.verbs import agent_required
+    from cni.plugin.client import AgentUnavailable, call
+    from cni.plugin.verbs import agent_required
+    from cni.spec.errors import ERR_NOT_AVAILABLE
 
     try:
         answer = call(conf.agent_socket, {"v": 1, "op": "status"}, timeout=10)

@@ -37,8 +37,8 @@ from cni.datapath import bpf, ctpool, reaper
 from cni.datapath.lock import state_lock
 from cni.datapath.maps import Datapath, DatapathMissing
 from cni.datapath.structs import Endpoint, ip_be, ip_str
-from cni.errors import ERR_CHECK_FAILED, ERR_KERNEL, CNIError
 from cni.net.netlink import NetlinkError, Rtnl, kernel_op
+from cni.spec.errors import ERR_CHECK_FAILED, ERR_KERNEL, CNIError
 
 # program -> (tcx attach type, clsact parent)
 HOOKS = {"from_pod": (bpf.TCX_INGRESS, "ffff:fff2"), "to_pod": (bpf.TCX_EGRESS, "ffff:fff3")}

@@ -35,8 +35,8 @@ from cni.datapath import bpf
 from cni.datapath.lock import state_lock
 from cni.datapath.maps import MAPS, PROGRAMS, Datapath, DatapathMismatch
 from cni.datapath.settings import DatapathSettings
-from cni.errors import ERR_KERNEL, CNIError
-from cni.log import logger
+from cni.spec.errors import ERR_KERNEL, CNIError
+from cni.spec.log import logger
 
 log = logger("sluice")
 

@@ -46,7 +46,7 @@ from cni.datapath import ctpool, rcu
 from cni.datapath.lock import state_lock
 from cni.datapath.maps import Datapath
 from cni.datapath.structs import NONE
-from cni.log import logger
+from cni.spec.log import logger
 
 log = logger("sluice")
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Iterable
 
-from cni.errors import ERR_KERNEL, CNIError
 from cni.net import nftables
+from cni.spec.errors import ERR_KERNEL, CNIError
 
 TABLE_PREFIX = "sluice_"
 SET = "pods"

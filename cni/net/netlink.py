@@ -10,9 +10,9 @@ import errno
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from cni.errors import ERR_KERNEL, CNIError
 from cni.net.netns import Netns
 from cni.net.rtnl import NetlinkError, Rtnl
+from cni.spec.errors import ERR_KERNEL, CNIError
 
 __all__ = ["NetlinkError", "Rtnl", "is_missing", "kernel_op", "node_socket", "pod_socket"]
 

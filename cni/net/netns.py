@@ -14,7 +14,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from cni.errors import ERR_INVALID_ENV, CNIError
+from cni.spec.errors import ERR_INVALID_ENV, CNIError
 
 CLONE_NEWNET = 0x40000000
 

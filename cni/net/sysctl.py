@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cni.errors import ERR_KERNEL, CNIError
+from cni.spec.errors import ERR_KERNEL, CNIError
 
 
 def ensure(key: str, value: str) -> None:

@@ -91,7 +91,7 @@ class ResolvedPolicy:
 
 class PodPolicyResolver(Protocol):
     """What the agent's enforcer asks of a resolver: ``PolicyIndex`` (everything known
-    locally), or ``cni.k8s.shard_index.ShardIndex`` (a controller's published groups)."""
+    locally), or ``cni.policy.published.index.ShardIndex`` (a controller's published groups)."""
 
     store: ObjectStore  # local pods, Services, and the policies known
 
@@ -378,7 +378,7 @@ class PolicyIndex:
 
     def incomplete(self, key: PodKey) -> str | None:
         """Why the pod's policy cannot be computed yet, or None. Never anything here:
-        this index holds every input itself (see ``cni.k8s.shard_index`` for one that
+        this index holds every input itself (see ``cni.policy.published.index`` for one that
         does not)."""
         return None
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cni_run import (
+from tests.harness.cni_run import (
     TEST_BPF_DIR,
     TEST_NETNS_PREFIX,
     TEST_NETWORK_PREFIX,
@@ -31,11 +31,6 @@ from tests.support.cni_run import (
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = ROOT / ".venv" / "bin"
 REFERENCE_PLUGINS = Path("/usr/lib/cni")
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    if os.geteuid() != 0:
-        raise pytest.UsageError("sluice's tests need root: they create namespaces and veths")
 
 
 @pytest.fixture(scope="session")

@@ -15,18 +15,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # Lowest first. A name is a module or a package (all modules under it).
 LAYERS: list[list[str]] = [
-    ["ipam"],
-    ["cni.errors"],
-    ["cni.versions", "cni.log", "cni.invoke", "cni.attachment"],
-    ["cni.result", "cni.net", "cni.conflist", "cni.launcher", "cni.runtime"],
-    ["cni.protocol", "cni.datapath"],
-    ["cni.netconf", "cni.call"],
-    ["cni.delegate", "cni.policy"],
-    ["cni.wiring", "cni.ipam_client"],
-    ["cni.verbs", "cni.k8s"],
-    ["cni.agent"],
-    ["cni.main"],
-    ["cni.cli", "cni.ipam_plugin"],
+    ["ipam"],  # address management on its own
+    ["cni.spec"],  # the CNI contract: errors, versions, requests, results
+    ["cni.net"],  # netlink, namespaces, nftables
+    ["cni.datapath"],  # the eBPF programs' userspace
+    ["cni.policy"],  # NetworkPolicy semantics, local and published
+    ["cni.plugin", "cni.kube"],  # the verbs and the plugin; the Kubernetes API client
+    ["cni.controller"],  # the central resolver
+    ["cni.agent"],  # the node agent
+    ["cni.install"],  # launchers, the runtime copy
+    ["cni.cli"],  # sluicectl
 ]
 
 

@@ -1,0 +1,240 @@
+"""The Kubernetes API as the agent and the controller use it: lists and watches of
+raw JSON (no typed models, so nothing is built that would be thrown away at
+once), and the few writes the controller makes.
+
+Connection settings (server, TLS, credentials) come from a kubeconfig file, or the
+pod's service account when run in a cluster (``kubeconfig``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx2 as httpx
+
+from cni.kube import kubeconfig as connection
+from cni.kube.liststream import ListFormatError, list_members
+
+log = logging.getLogger("sluice.k8s")
+
+WATCH_SECONDS = 300  # the server ends a watch after this; it is resumed where it stopped
+BATCH = 100  # objects of a list handed on at a time (each decoded as it arrives)
+INFLATE_CHUNK = 1 << 18  # decompressed bytes decoded at a time
+CONTINUE_EXCLUDES = ("resourceVersion", "resourceVersionMatch")
+
+
+class ApiError(Exception):
+    """The API server refused a request or could not be reached."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status}: {message}" if status else message)
+        self.status = status
+
+
+class Gone(ApiError):
+    """410: the resourceVersion to resume from is too old; list again."""
+
+
+@dataclass(frozen=True)
+class Listed:
+    items: list[dict[str, Any]]
+    resource_version: str
+
+
+class Api:
+    def __init__(self, kubeconfig: str | None = None) -> None:
+        conn = connection.load(kubeconfig)
+        self.client = httpx.Client(
+            base_url=conn.server,
+            verify=conn.verify,
+            auth=conn.auth,
+            timeout=httpx.Timeout(30, read=WATCH_SECONDS + 30),
+        )
+        # What the server sent: JSON bytes (decoded) and bytes on the wire (compressed,
+        # when the server compresses a large list). For the scale figures.
+        self.received_bytes = 0
+        self.wire_bytes = 0
+        self._counting = threading.Lock()
+
+    def _count(self, received: int, wire: int) -> None:
+        with self._counting:
+            self.received_bytes += received
+            self.wire_bytes += wire
+
+    def close(self) -> None:
+        self.client.close()
+
+    # -- reading -------------------------------------------------------------------------
+
+    def list(self, path: str, **params: str) -> Listed:
+        """Every object of a collection, paged (``limit``/``continue``)."""
+        items: list[dict[str, Any]] = []
+        version = ""
+        for page, page_version in self.pages(path, **params):
+            items.extend(page)
+            version = page_version
+        return Listed(items, version)
+
+    def pages(self, path: str, **params: str) -> Iterator[tuple[list[dict[str, Any]], str]]:
+        """A collection in batches of at most ``BATCH`` objects as they arrive, each with
+        the list's resourceVersion (final with the last batch), so that a caller trims
+        each batch before the next is decoded instead of holding the whole collection
+        as JSON. Server pages (``limit``/``continue``) are followed; the watch cache
+        answers ``resourceVersion=0`` in one piece however long, so each response is
+        decoded an item at a time (``liststream``)."""
+        query = {"limit": "500", **params}
+        while True:
+            version, token = "", ""
+            batch: list[dict[str, Any]] = []
+            for member, value in self._list_stream(path, query):
+                if member == "item":
+                    batch.append(value)
+                    if len(batch) >= BATCH:
+                        yield batch, version
+                        batch = []
+                elif member == "metadata" and isinstance(value, dict):
+                    version = str(value.get("resourceVersion", ""))
+                    token = str(value.get("continue") or "")
+            yield batch, version
+            if not token:
+                return
+            # The token carries the list's resourceVersion; the server refuses both with it.
+            query = {k: v for k, v in query.items() if k not in CONTINUE_EXCLUDES}
+            query["continue"] = token
+
+    def _list_stream(self, path: str, query: dict[str, str]) -> Iterator[tuple[str, Any]]:
+        # The body is read off the network whole, compressed (the server gzips a large
+        # list: 25 MB of pods are about 1.2 MB), and decompressed and decoded a piece at
+        # a time afterwards. Reading at the pace of decoding instead stalls the server's
+        # writes while this process's threads take their turns, and the server ends a
+        # request that takes longer than its timeout (60 s) half-written.
+        try:
+            with self.client.stream(
+                "GET", path, params=query, headers={"Accept-Encoding": "gzip"}
+            ) as response:
+                if response.status_code >= 300:
+                    response.read()
+                    raise _error(response)
+                raw = list(response.iter_raw())
+                encoding = response.headers.get("content-encoding", "identity").lower()
+        except httpx.HTTPError as err:
+            raise ApiError(0, f"GET {path} failed: {err}") from None
+        if encoding not in ("identity", "gzip"):
+            raise ApiError(0, f"GET {path}: unexpected content-encoding {encoding!r}")
+        self._count(0, sum(map(len, raw)))
+
+        def chunks() -> Iterator[bytes]:
+            inflate = zlib.decompressobj(16 + zlib.MAX_WBITS) if encoding == "gzip" else None
+            while raw:
+                data = raw.pop(0)
+                if inflate is None:
+                    self._count(len(data), 0)
+                    yield data
+                    continue
+                while data:
+                    out = inflate.decompress(data, INFLATE_CHUNK)
+                    data = inflate.unconsumed_tail
+                    self._count(len(out), 0)
+                    yield out
+            if inflate is not None:
+                yield inflate.flush()
+
+        try:
+            yield from list_members(chunks())
+        except (ListFormatError, zlib.error) as err:
+            raise ApiError(0, f"GET {path}: not a list: {err}") from None
+
+    def watch(
+        self, path: str, resource_version: str, **params: str
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        """(type, object) events after ``resource_version``, until the server ends the
+        watch. BOOKMARK events carry only a newer resourceVersion. Raises Gone."""
+        query = {
+            "watch": "1",
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(WATCH_SECONDS),
+            **params,
+        }
+        try:
+            with self.client.stream("GET", path, params=query) as response:
+                if response.status_code != 200:
+                    response.read()
+                    raise _error(response)
+                downloaded = 0
+                for line in response.iter_lines():
+                    wire = response.num_bytes_downloaded
+                    self._count(len(line) + 1, wire - downloaded)
+                    downloaded = wire
+                    if not line:
+                        continue
+                    event = json.loads(line)
+                    kind, obj = event.get("type"), event.get("object") or {}
+                    if kind == "ERROR":
+                        status = int(obj.get("code") or 0)
+                        message = str(obj.get("message", "watch error"))
+                        raise Gone(status, message) if status == 410 else ApiError(status, message)
+                    yield str(kind), obj
+        except httpx.HTTPError as err:
+            raise ApiError(0, f"watch of {path} failed: {err}") from None
+
+    def get(self, path: str) -> dict[str, Any] | None:
+        """One object, or None when it does not exist."""
+        try:
+            return self._json("GET", path)
+        except ApiError as err:
+            if err.status == 404:
+                return None
+            raise
+
+    # -- writing -------------------------------------------------------------------------
+
+    def create(self, path: str, obj: dict[str, Any]) -> dict[str, Any]:
+        return self._json("POST", path, json=obj)
+
+    def replace(self, path: str, obj: dict[str, Any]) -> dict[str, Any]:
+        """PUT; ApiError 409 when the object changed since it was read."""
+        return self._json("PUT", path, json=obj)
+
+    def patch(self, path: str, patch: dict[str, Any]) -> dict[str, Any]:
+        """A JSON merge patch (RFC 7386): keys with null values are removed."""
+        return self._json(
+            "PATCH",
+            path,
+            content=json.dumps(patch),
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
+
+    def delete(self, path: str) -> None:
+        try:
+            self._json("DELETE", path)
+        except ApiError as err:
+            if err.status != 404:
+                raise
+
+    def _json(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        try:
+            response = self.client.request(method, path, **kwargs)
+        except httpx.HTTPError as err:
+            raise ApiError(0, f"{method} {path} failed: {err}") from None
+        self._count(len(response.content), response.num_bytes_downloaded)
+        if response.status_code >= 300:
+            raise _error(response)
+        return dict(response.json()) if response.content else {}
+
+
+def _error(response: httpx.Response) -> ApiError:
+    try:
+        message = str(response.json().get("message", response.text))
+    except ValueError:
+        message = response.text
+    cls = Gone if response.status_code == 410 else ApiError
+    return cls(
+        response.status_code, f"{response.request.method} {response.request.url.path}: {message}"
+    )

@@ -1,0 +1,136 @@
+"""One collection of the API kept in step: list, then watch from the list's
+resourceVersion, resume a broken watch where it stopped, list again when the
+server says that version is gone (410).
+
+Objects are parsed (and so trimmed to what the resolver reads) as they
+arrive, before anything keeps them. ``synced`` is set once the first list is
+through; the sink sees every list as a whole replacement and every event on
+its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from cni.kube.api import Api, ApiError, Gone
+from cni.policy.errors import PolicyInputError
+
+log = logging.getLogger("sluice.k8s")
+
+RETRY_SECONDS = (0.5, 1, 2, 5, 10)
+
+
+class Sink(Protocol):
+    def replace(self, kind: str, objects: list[Any]) -> None: ...
+
+    def change(self, kind: str, event: str, obj: Any) -> None: ...
+
+
+class Informer:
+    def __init__(
+        self,
+        api: Api,
+        kind: str,
+        path: str,
+        parse: Callable[[dict[str, Any]], Any],
+        sink: Sink,
+        params: dict[str, str] | None = None,
+    ) -> None:
+        self.api = api
+        self.kind = kind
+        self.path = path
+        self.parse = parse
+        self.sink = sink
+        self.params = params or {}
+        self.synced = threading.Event()
+        self.resource_version = ""
+        self.events = 0  # watch events seen (for the scale figures)
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"informer-{kind}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    def _run(self) -> None:
+        failures = 0
+        need_list = True
+        while not self._stopping.is_set():
+            try:
+                if need_list:
+                    self._list()
+                    need_list = False
+                self._watch()
+                failures = 0
+            except Gone:
+                log.info(
+                    "%s: resourceVersion %s is gone, listing again",
+                    self.kind,
+                    self.resource_version,
+                )
+                need_list = True
+            except Exception as err:
+                if self._stopping.is_set():
+                    return  # stopped while a request was open: its client may be closed
+                if isinstance(err, ApiError):
+                    delay = RETRY_SECONDS[min(failures, len(RETRY_SECONDS) - 1)]
+                    failures += 1
+                    log.warning("%s: %s; retrying in %s s", self.kind, err, delay)
+                    self._stopping.wait(delay)
+                else:  # a bug: keep the informer alive, and say so
+                    log.exception("%s: unexpected failure; listing again", self.kind)
+                    need_list = True
+                    self._stopping.wait(1)
+
+    def _list(self) -> None:
+        started = time.monotonic()
+        objects: list[Any] = []
+        version = ""
+        # From the API server's watch cache, not etcd: a list of every pod read from
+        # etcd by each of a hundred agents at once is what overloads a control plane.
+        # The first list takes the cache as it is ("0"); a list again never goes back
+        # before what this informer has seen.
+        if self.resource_version:
+            at = {"resourceVersion": self.resource_version, "resourceVersionMatch": "NotOlderThan"}
+        else:
+            at = {"resourceVersion": "0"}
+        for page, page_version in self.api.pages(self.path, **self.params, **at):
+            objects.extend(obj for obj in map(self._parse, page) if obj is not None)
+            version = page_version  # the list's, once the last page is in
+        self.sink.replace(self.kind, objects)
+        self.resource_version = version
+        self.synced.set()
+        log.info(
+            "%s: listed %d in %.2f s at resourceVersion %s",
+            self.kind,
+            len(objects),
+            time.monotonic() - started,
+            self.resource_version,
+        )
+
+    def _watch(self) -> None:
+        for event, raw in self.api.watch(self.path, self.resource_version, **self.params):
+            if self._stopping.is_set():
+                return
+            version = (raw.get("metadata") or {}).get("resourceVersion")
+            if event != "BOOKMARK":
+                obj = self._parse(raw)
+                if obj is not None:
+                    self.events += 1
+                    self.sink.change(self.kind, event, obj)
+            if version:
+                self.resource_version = str(version)
+
+    def _parse(self, raw: dict[str, Any]) -> Any:
+        try:
+            return self.parse(raw)
+        except PolicyInputError as err:
+            # The API server validated it: this is something the resolver cannot read.
+            log.error("%s: ignoring an object the resolver cannot read: %s", self.kind, err)
+            return None

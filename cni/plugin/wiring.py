@@ -1,0 +1,204 @@
+"""Pod wiring: the veth pair, the pod's addresses and routes, the node's routes,
+and the datapath on the node-side veth.
+
+The pod's default route points at a link-local gateway, 169.254.1.1, which no
+interface owns: the pod has a permanent neighbour entry mapping it to the
+node-side veth's fixed MAC, so every packet the pod routes goes to the node,
+which forwards it by its /32 routes to pods. Pod addresses keep their subnet's
+prefix length but get no on-link route (IFA_F_NOPREFIXROUTE), so pod-to-pod
+traffic on a node also goes through the node, keeping its source address.
+The node-side veth has no address; traffic from the node to a pod leaves
+with the node's own address.
+
+Everything here takes plain values (names, addresses, route specs).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import threading
+from collections.abc import Callable
+from typing import NamedTuple
+
+from cni.datapath import endpoint
+from cni.net import addr, link, route
+from cni.net.netlink import Rtnl
+from cni.net.route import RouteSpec
+from cni.spec.attachment import ALIAS_PREFIX, parse_alias
+
+GATEWAY = "169.254.1.1"
+DEFAULT_ROUTE = "0.0.0.0/0"
+DEFAULT_MTU = 1500
+
+
+class VethPair(NamedTuple):
+    """The names of a pod's veth pair."""
+
+    node_veth: str  # on the node
+    alias: str  # the node-side veth's label
+    pod_ifname: str  # inside the pod's namespace
+
+
+def pod_routes(requested: list[RouteSpec]) -> list[RouteSpec]:
+    """Requested IPv4 routes sent through the gateway, with a default route when none is."""
+    routes = [
+        r._replace(gw=GATEWAY, scope=None)
+        for r in requested
+        if ipaddress.ip_network(r.dst, strict=False).version == 4
+    ]
+    if not any(r.dst == DEFAULT_ROUTE for r in routes):
+        routes.insert(0, RouteSpec(dst=DEFAULT_ROUTE, gw=GATEWAY))
+    return routes
+
+
+def create_pair(
+    node: Rtnl,
+    pod: Rtnl,
+    pod_netns_fd: int,
+    pair: VethPair,
+    mtu: int,
+    pod_mac: str | None,
+    bpf_dir: str,
+    tcx: bool = True,
+) -> tuple[int, Attaching]:
+    """Create the pair, both ends down, and start attaching the programs to its node
+    end; return the node-side veth's ifindex and the attaching.
+
+    Every netlink request (even a read) waits while an attach holds the RTNL
+    lock, so the caller does its other work before it asks netlink anything."""
+    node_index = link.create_veth(
+        node, pair.node_veth, pair.alias, pair.pod_ifname, pod_netns_fd, mtu, pod_mac
+    )
+    # Before the attach: the kernel takes the RTNL lock for disable_ipv6 by trylock,
+    # restarting the write in a busy loop while an attach holds it.
+    endpoint.no_ipv6_from_pod(pair.node_veth)
+    return node_index, Attaching(node_index, pair.node_veth, bpf_dir, tcx)
+
+
+class Attaching:
+    """The datapath's programs being attached to a new node-side veth in a thread of
+    their own: each tcx link makes the kernel wait for an RCU grace period (about
+    11 ms, holding the RTNL lock), time in which ADD allocates the address,
+    registers the endpoint and installs its policy. ``wait`` before the pair goes up."""
+
+    def __init__(self, ifindex: int, name: str, bpf_dir: str, tcx: bool = True) -> None:
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._run,
+            args=(ifindex, name, bpf_dir, tcx),
+            name=f"attach-{name}",
+            daemon=True,
+        )
+        self._thread.start()
+
+    def _run(self, ifindex: int, name: str, bpf_dir: str, tcx: bool) -> None:
+        try:
+            endpoint.attach_new(None, ifindex, name, bpf_dir, tcx)
+        except BaseException as err:  # handed to wait()
+            self.error = err
+
+    def wait(self) -> None:
+        """Return once the programs are attached; raise what stopped them."""
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
+
+
+def wire(
+    node: Rtnl,
+    pod: Rtnl,
+    node_index: int,
+    pair: VethPair,
+    addresses: list[str],
+    routes: list[RouteSpec],
+    bpf_dir: str,
+    attaching: Attaching,
+    before_up: Callable[[int], None] | None = None,
+) -> tuple[link.Link, link.Link]:
+    """Configure a pair made by ``create_pair``, bring it up and return its
+    (node-side, pod-side) links.
+
+    The endpoint is registered and ``before_up`` runs with the node-side veth's
+    ifindex (e.g. to install the pod's policy) while the programs attach; the
+    pair goes up only once both are done, so no packet ever crosses it unjudged.
+    """
+    ifname = pair.pod_ifname
+    pod_ips = [str(ipaddress.ip_interface(cidr).ip) for cidr in addresses]
+    endpoint.register(node_index, pair.node_veth, pod_ips, bpf_dir)
+    if before_up is not None:
+        before_up(node_index)
+    pod_link = link.get_link(pod, ifname)
+    node_link = link.link_by_index(node, node_index)
+    if pod_link is None or node_link is None:
+        raise RuntimeError(f"veth {pair.node_veth}/{ifname} vanished after creation")
+    for cidr in addresses:
+        addr.add_address(pod, pod_link.index, ifname, cidr)
+    attaching.wait()
+
+    link.set_up(pod, pod_link.index, ifname)
+    route.add_route(pod, pod_link.index, ifname, RouteSpec(dst=f"{GATEWAY}/32"))
+    addr.add_permanent_neighbor(pod, pod_link.index, ifname, GATEWAY, link.NODE_VETH_MAC)
+    for r in routes:
+        route.add_route(pod, pod_link.index, ifname, r)
+
+    link.set_up(node, node_link.index, node_link.name)
+    for ip in pod_ips:
+        route.add_route_to_pod(node, node_link.index, node_link.name, ip)
+    return node_link, pod_link
+
+
+def node_routed_ips(node: Rtnl, node_link: link.Link) -> list[str]:
+    """Pod addresses the node routes through this veth (its /32 routes to pods)."""
+    return [
+        r.dst.split("/")[0] for r in route.routes(node, node_link.index) if r.dst.endswith("/32")
+    ]
+
+
+def routed_alias(node: Rtnl, ip: str) -> str | None:
+    """The alias of the link the node routes ``ip`` to, if it has one."""
+    oif = route.output_interface(node, ip)
+    found = link.link_by_index(node, oif) if oif else None
+    return found.alias if found else None
+
+
+def unwire(node: Rtnl, node_veth: link.Link | None, bpf_dir: str) -> None:
+    """Delete the pair (the pod end goes with it), then forget the endpoint, so the
+    pair is never up and unfiltered."""
+    if node_veth is None:
+        # Deleted behind our back: its ifindex is unknown, so drop every endpoint
+        # whose veth no longer exists.
+        endpoint.sweep(bpf_dir, endpoint.live_ifindexes())
+        return
+    link.delete_link(node, node_veth.name)
+    endpoint.detach(node_veth.index, bpf_dir)
+
+
+def cut_off(node: Rtnl, node_veth: link.Link, bpf_dir: str) -> Callable[[], None]:
+    """Take the pair out of service now and return what deletes it.
+
+    Deleting a veth makes the caller wait for the kernel's RCU callbacks (20 to
+    45 ms, longer with tcx links), which nothing of DEL's contract needs: taking
+    the node end down stops the pair (a veth carries nothing unless both ends
+    are up) and makes the kernel drop the node's routes through it at once, and
+    without its endpoint entry the programs drop anything left. The returned
+    function deletes the veth (by ifindex, so never a newer one of the same
+    name), then releases its links."""
+    link.set_down(node, node_veth.index, node_veth.name)
+    endpoint.forget(node_veth.index, bpf_dir)
+
+    def finish() -> None:
+        with Rtnl() as rtnl:
+            link.delete_link_index(rtnl, node_veth.index, node_veth.name)
+        endpoint.release_links(node_veth.index, bpf_dir)
+
+    return finish
+
+
+def node_veths(node: Rtnl, network: str) -> dict[tuple[str, str], link.Link]:
+    """The network's node-side veths by (container id, ifname), found by their alias."""
+    found = {}
+    for veth in link.links_with_alias(node, ALIAS_PREFIX):
+        owner = parse_alias(veth.alias)
+        if owner and owner[0] == network:
+            found[(owner[1], owner[2])] = veth
+    return found

@@ -1,0 +1,334 @@
+"""The agent's resolver when a controller resolves selectors
+(``sluicectl agent --resolver controller``).
+
+It holds what the agent's ``ShardSource`` receives: the node's own pods, the
+Services (their ClusterIPs, for the datapath), and the controller's objects
+for this node (``objects``): the node's PolicyTargets, the PolicyEndpoints of
+every policy that selects a pod here, and the AddressSets those policies read.
+It answers the enforcer exactly as ``PolicyIndex`` does (``upsert``,
+``delete``, ``replace_all``, ``resolve``, ...), with the same semantics: each
+policy is compiled by ``rules.compile_policy`` from its address sets, and a
+pod's policies combine in ``resolve.resolve_pod``.
+
+A pod's policy is computable only when all of this holds (else ``resolve``
+raises ``PolicyIncomplete`` and the enforcer keeps what the datapath has):
+
+- the node's PolicyTargets set is complete and lists the pod, with the pod's
+  uid (so the controller has seen this pod, not an earlier one of that name);
+- every policy listed for it has its PolicyEndpoints complete;
+- every address set those name is complete.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from cni.policy.errors import PolicyIncomplete
+from cni.policy.model import KubeObject, NetworkPolicy, Pod, PodKey, PolicyKey, Service
+from cni.policy.published.objects import (
+    ADDRESS_SET,
+    POLICY_ENDPOINTS,
+    POLICY_TARGETS,
+    AddressShard,
+    PolicyShard,
+    TargetEntry,
+    TargetsShard,
+)
+from cni.policy.published.sets import AddressSetKey, PublishedPeers, PublishedSet, address_sets
+from cni.policy.published.shardsets import SetKey, ShardSets
+from cni.policy.resolve import ResolvedPolicy, resolve_pod
+from cni.policy.rules import CompiledPolicy, compile_policy
+from cni.policy.store import ObjectStore
+
+log = logging.getLogger("sluice.k8s")
+
+NOTHING: frozenset[PodKey] = frozenset()
+Published = PolicyShard | AddressShard | TargetsShard
+
+
+class ShardIndex:
+    def __init__(self, node_name: str) -> None:
+        self.node_name = node_name
+        # Local pods and Services, as PolicyIndex has them; ``policies`` holds the
+        # policies of complete PolicyEndpoints (for listing them).
+        self.store = ObjectStore()
+        self._policy_shards: ShardSets[PolicyShard] = ShardSets()
+        self._address_shards: ShardSets[AddressShard] = ShardSets()
+        self._target_shards: ShardSets[TargetsShard] = ShardSets()
+        self._sets: dict[str, PublishedSet] = {}  # complete address sets by id
+        self._set_shards: dict[str, tuple[AddressShard, ...]] = {}  # what _sets was made of
+        self._policies: dict[PolicyKey, PolicyShard] = {}  # complete PolicyEndpoints
+        self._set_users: dict[str, set[PolicyKey]] = {}  # address set id -> its policies
+        self._targets: dict[PodKey, TargetEntry] = {}  # from the complete PolicyTargets
+        self._listed: dict[PolicyKey, set[PodKey]] = {}  # policy -> local pods listing it
+        self._compiled: dict[PolicyKey, CompiledPolicy] = {}
+        self._resolved: dict[PodKey, ResolvedPolicy] = {}
+
+    # -- reading (the enforcer's interface) ----------------------------------------------
+
+    def local_pods(self) -> frozenset[PodKey]:
+        return frozenset(pod.key for pod in self.store.all_pods())
+
+    def pod(self, key: PodKey) -> Pod | None:
+        return self.store.pod(key)
+
+    def policy(self, key: PolicyKey) -> NetworkPolicy | None:
+        return self.store.policies.get(key)
+
+    def selecting_policies(self, pod: Pod) -> list[PolicyKey]:
+        entry = self._entry(pod)
+        return sorted(entry.policy_keys()) if entry is not None else []
+
+    def incomplete(self, key: PodKey) -> str | None:
+        """Why the pod's policy cannot be computed yet, or None."""
+        pod = self.store.pod(key)
+        if pod is None:
+            return f"pod {key[0]}/{key[1]} is not known"
+        entry = self._entry(pod)
+        if entry is None:
+            return (
+                f"the controller has not published pod {key[0]}/{key[1]} (uid {pod.uid}) "
+                f"in the PolicyTargets of node {self.node_name} yet"
+            )
+        for policy in entry.policy_keys():
+            missing = self._missing(policy)
+            if missing is not None:
+                return missing
+        return None
+
+    def resolve(self, key: PodKey) -> ResolvedPolicy:
+        """The pod's policy. KeyError for an unknown pod, PolicyIncomplete while the
+        controller's objects for it are not all here."""
+        cached = self._resolved.get(key)
+        if cached is not None:
+            return cached
+        pod = self.store.pod(key)
+        if pod is None:
+            raise KeyError(f"unknown pod {key[0]}/{key[1]}")
+        missing = self.incomplete(key)
+        if missing is not None:
+            raise PolicyIncomplete(missing)
+        entry = self._entry(pod)
+        assert entry is not None
+        resolved = resolve_pod(
+            pod, sorted(entry.policy_keys()), self.store.policies.__getitem__, self._compile
+        )
+        self._resolved[key] = resolved
+        return resolved
+
+    def _entry(self, pod: Pod) -> TargetEntry | None:
+        entry = self._targets.get(pod.key)
+        if entry is None or (entry.uid and pod.uid and entry.uid != pod.uid):
+            return None
+        return entry
+
+    def _missing(self, policy: PolicyKey) -> str | None:
+        shard = self._policies.get(policy)
+        if shard is None:
+            return f"PolicyEndpoints {policy[0]}/{policy[1]} is not complete here yet"
+        keys = address_sets(shard.policy)
+        if len(keys) != len(shard.address_sets):
+            return (
+                f"PolicyEndpoints {policy[0]}/{policy[1]} names {len(shard.address_sets)} "
+                f"address sets, its rules read {len(keys)} (a controller of another version?)"
+            )
+        for set_id in shard.address_sets:
+            if set_id not in self._sets:
+                return f"AddressSet {set_id} of {policy[0]}/{policy[1]} is not complete here yet"
+        return None
+
+    def _compile(self, key: PolicyKey) -> CompiledPolicy:
+        compiled = self._compiled.get(key)
+        if compiled is None:
+            shard = self._policies[key]
+            sets: dict[AddressSetKey, PublishedSet] = {
+                set_key: self._sets[set_id]
+                for set_key, set_id in zip(
+                    address_sets(shard.policy), shard.address_sets, strict=True
+                )
+            }
+            compiled = self._compiled[key] = compile_policy(shard.policy, PublishedPeers(sets))
+        return compiled
+
+    # -- updates ---------------------------------------------------------------------------
+
+    def upsert(self, obj: KubeObject | Published) -> frozenset[PodKey]:
+        if isinstance(obj, Pod):
+            return self.upsert_pod(obj)
+        if isinstance(obj, Service):
+            self.store.services[obj.key] = obj
+            return NOTHING
+        if isinstance(obj, PolicyShard):
+            changed = self._policy_shards.put(obj)
+        elif isinstance(obj, AddressShard):
+            changed = self._address_shards.put(obj)
+        elif isinstance(obj, TargetsShard):
+            changed = self._target_shards.put(obj)
+        else:
+            raise TypeError(f"the controller's resolver takes no {type(obj).__name__}")
+        return self._settled({obj.info.set_key}) if changed else NOTHING
+
+    def delete(self, obj: KubeObject | Published) -> frozenset[PodKey]:
+        if isinstance(obj, Pod):
+            return self.delete_pod(obj.key)
+        if isinstance(obj, Service):
+            self.store.services.pop(obj.key, None)
+            return NOTHING
+        if isinstance(obj, PolicyShard):
+            changed = self._policy_shards.remove(obj)
+        elif isinstance(obj, AddressShard):
+            changed = self._address_shards.remove(obj)
+        elif isinstance(obj, TargetsShard):
+            changed = self._target_shards.remove(obj)
+        else:
+            raise TypeError(f"the controller's resolver takes no {type(obj).__name__}")
+        return self._settled({obj.info.set_key}) if changed else NOTHING
+
+    def replace_all(self, kind: type, objects: Iterable[object]) -> frozenset[PodKey]:
+        objects = list(objects)
+        for obj in objects:
+            if not isinstance(obj, kind):
+                raise TypeError(f"replace_all({kind.__name__}) got a {type(obj).__name__}")
+        if kind is Service:
+            self.store.services = {obj.key: obj for obj in objects}  # type: ignore[attr-defined]
+            return NOTHING
+        if kind is Pod:
+            affected: set[PodKey] = set()
+            wanted = {obj.key for obj in objects}  # type: ignore[attr-defined]
+            for gone in [p.key for p in self.store.all_pods() if p.key not in wanted]:
+                affected |= self.delete_pod(gone)
+            for pod in objects:
+                affected |= self.upsert_pod(pod)  # type: ignore[arg-type]
+            return frozenset(affected)
+        sets: ShardSets = {  # type: ignore[assignment]
+            PolicyShard: self._policy_shards,
+            AddressShard: self._address_shards,
+            TargetsShard: self._target_shards,
+        }[kind]
+        return self._settled(sets.replace_all(objects))
+
+    def upsert_pod(self, pod: Pod) -> frozenset[PodKey]:
+        """A local pod (its labels, ports, uid; addresses from its endpoint)."""
+        if self.store.pod(pod.key) == pod:
+            return NOTHING
+        self.store.put_pod(pod)
+        self._resolved.pop(pod.key, None)
+        return frozenset((pod.key,))
+
+    def delete_pod(self, key: PodKey) -> frozenset[PodKey]:
+        if self.store.remove_pod(key) is None:
+            return NOTHING
+        self._resolved.pop(key, None)
+        return frozenset((key,))
+
+    # -- complete sets in, what they change out -------------------------------------------
+
+    def _settled(self, changed: set[SetKey]) -> frozenset[PodKey]:
+        """Take in the sets whose complete version changed; the local pods affected."""
+        affected: set[PodKey] = set()
+        for key in changed:
+            kind = key[0]
+            if kind == ADDRESS_SET:
+                affected |= self._address_set_changed(key)
+            elif kind == POLICY_TARGETS:
+                affected |= self._targets_changed()
+            else:
+                affected |= self._policy_changed(key)
+        for pod in affected:
+            self._resolved.pop(pod, None)
+        return frozenset(affected)
+
+    def _targets_changed(self) -> set[PodKey]:
+        targets: dict[PodKey, TargetEntry] = {}
+        for shards in self._target_shards.completes().values():
+            for shard in shards:
+                if shard.info.set_name != self.node_name:
+                    continue  # another node's (the watch is filtered; a label clash)
+                for entry in shard.entries:
+                    targets[entry.pod] = entry
+        old = self._targets
+        affected = {key for key in old.keys() | targets.keys() if old.get(key) != targets.get(key)}
+        self._targets = targets
+        listed: dict[PolicyKey, set[PodKey]] = {}
+        for entry in targets.values():
+            for policy in entry.policy_keys():
+                listed.setdefault(policy, set()).add(entry.pod)
+        self._listed = listed
+        return affected
+
+    def _policy_changed(self, key: SetKey) -> set[PodKey]:
+        _, namespace, name = key
+        policy = (namespace, name)
+        shards = self._policy_shards.complete(key)
+        old = self._policies.pop(policy, None)
+        for set_id in old.address_sets if old is not None else ():
+            users = self._set_users[set_id]
+            users.discard(policy)
+            if not users:
+                del self._set_users[set_id]
+        if shards is None:
+            self.store.remove_policy(policy)
+        else:
+            self._policies[policy] = shards[0]
+            self.store.put_policy(shards[0].policy)
+            for set_id in shards[0].address_sets:
+                self._set_users.setdefault(set_id, set()).add(policy)
+        self._compiled.pop(policy, None)
+        return set(self._listed.get(policy, ()))
+
+    def _address_set_changed(self, key: SetKey) -> set[PodKey]:
+        set_id = key[2]
+        shards = self._address_shards.complete(key)
+        old = self._set_shards.pop(set_id, None)
+        if shards is None:
+            self._sets.pop(set_id, None)
+        else:
+            self._set_shards[set_id] = shards
+            self._sets[set_id] = PublishedSet(self._set_pods(set_id, old, shards))
+        affected: set[PodKey] = set()
+        for policy in self._set_users.get(set_id, ()):
+            self._compiled.pop(policy, None)
+            affected |= self._listed.get(policy, set())
+        return affected
+
+    def _set_pods(
+        self,
+        set_id: str,
+        old: tuple[AddressShard, ...] | None,
+        shards: tuple[AddressShard, ...],
+    ) -> dict[PodKey, Pod]:
+        """The set's pods by key. A change rewrites one shard of a set that may have
+        dozens: the other shards' entries are taken over as they were. (The shards'
+        Pods are shared already, one object per distinct entry: ``objects``.)"""
+        current = self._sets.get(set_id)
+        if current is None or old is None or len(old) != len(shards):
+            return {pod.key: pod for shard in shards for pod in shard.pods}
+        pods = dict(current.pods)
+        for before, after in zip(old, shards, strict=True):
+            if before is not after:
+                for pod in before.pods:
+                    pods.pop(pod.key, None)
+                pods.update((pod.key, pod) for pod in after.pods)
+        return pods
+
+    # -- views -------------------------------------------------------------------------------
+
+    def held(self, kind: str) -> dict[str, str]:
+        """The objects of a kind held now, complete or not: name -> resourceVersion."""
+        sets: ShardSets = {  # type: ignore[assignment]
+            POLICY_ENDPOINTS: self._policy_shards,
+            ADDRESS_SET: self._address_shards,
+            POLICY_TARGETS: self._target_shards,
+        }[kind]
+        return sets.versions()
+
+    def status(self) -> dict[str, int]:
+        """How much of the controller's output this agent holds (for logs and tests)."""
+        return {
+            "policies": len(self._policies),
+            "policiesHeld": len(self._policy_shards),
+            "addressSets": len(self._sets),
+            "addressSetsHeld": len(self._address_shards),
+            "targets": len(self._targets),
+        }

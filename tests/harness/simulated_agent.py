@@ -1,0 +1,137 @@
+"""A node agent without a kernel: the agent's real sources and enforcer for one node,
+with a datapath that only records what would have been installed.
+
+For tests and benchmarks against a real API server with nodes that do not exist:
+``SimulatedAgent(api, node, resolver)`` watches what ``sluicectl agent --resolver
+<resolver>`` would watch, and ``wire`` stands for CNI ADDs of the node's pods (each
+waits, as a real ADD does, until the pod's policy can be computed).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from cni.agent import enforcer as enforcer_module
+from cni.agent.enforcer import Enforcer
+from cni.agent.kube_source import COLLECTIONS, KubernetesSource
+from cni.agent.shard_source import controller_collections
+from cni.agent.state import EndpointRecord
+from cni.datapath.policy import EndpointPolicy
+from cni.kube.api import Api
+from cni.policy.model import PodKey
+from cni.policy.published.index import ShardIndex
+
+
+@dataclass(frozen=True)
+class Install:
+    at: float  # time.monotonic()
+    ifindex: int
+    policy: EndpointPolicy
+
+
+class RecordingDatapath:
+    """What the enforcer calls on a datapath, recorded."""
+
+    def __init__(self) -> None:
+        self.installs: list[Install] = []
+        self.current: dict[int, EndpointPolicy] = {}
+        self.service_ips: frozenset[str] = frozenset()
+        self.changed = threading.Condition()
+        self._generations = itertools.count(1)
+
+    def install(self, ifindex: int, policy: EndpointPolicy) -> int:
+        with self.changed:
+            self.installs.append(Install(time.monotonic(), ifindex, policy))
+            self.current[ifindex] = policy
+            self.changed.notify_all()
+        return next(self._generations)
+
+    def set_service_ips(self, ips: Iterable[str]) -> None:
+        self.service_ips = frozenset(ips)
+
+    def close(self) -> None:
+        pass
+
+
+def _recording_install_many(
+    datapath: RecordingDatapath,
+    wanted: Mapping[int, EndpointPolicy],
+    registry: object = None,
+    failed: object = None,
+) -> dict[int, int]:
+    """``cni.datapath.policy.install_many`` into a RecordingDatapath."""
+    return {ifindex: datapath.install(ifindex, policy) for ifindex, policy in wanted.items()}
+
+
+@contextmanager
+def recorded_installs() -> Iterator[None]:
+    """Enforcers install into their RecordingDatapath while this lasts (process-wide)."""
+    real = enforcer_module.datapath_policy.install_many
+    enforcer_module.datapath_policy.install_many = _recording_install_many  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        enforcer_module.datapath_policy.install_many = real  # type: ignore[assignment]
+
+
+class NullState:
+    """The agent's state database, not kept."""
+
+    def put_endpoint(self, record: EndpointRecord) -> None:
+        pass
+
+    def remove_endpoint(self, key: tuple[str, str]) -> None:
+        pass
+
+
+class SimulatedAgent:
+    _ifindexes = itertools.count(1000)
+
+    def __init__(self, api: Api, node: str, resolver: str = "controller") -> None:
+        self.api = api
+        self.node = node
+        self.resolver = resolver
+        self.datapath = RecordingDatapath()
+        index = ShardIndex(node) if resolver == "controller" else None
+        self.enforcer = Enforcer(
+            self.datapath,  # type: ignore[arg-type]
+            NullState(),  # type: ignore[arg-type]
+            node,
+            index=index,
+        )
+        collections = controller_collections(node) if resolver == "controller" else COLLECTIONS
+        self.source = KubernetesSource(api, self.enforcer, collections)
+        self.ifindex: dict[PodKey, int] = {}
+
+    def start(self) -> None:
+        self.enforcer.start([])
+        self.source.start()
+
+    def stop(self) -> None:
+        self.source.stop()
+        self.enforcer.stop()
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        self.enforcer.wait_ready(timeout)
+
+    def wire(self, pod: PodKey, ips: tuple[str, ...], wait: float = 30.0) -> int:
+        """A CNI ADD of the pod: its endpoint, its policy installed before it returns."""
+        ifindex = self.ifindex.get(pod) or next(self._ifindexes)
+        self.ifindex[pod] = ifindex
+        record = EndpointRecord(f"c-{pod[0]}-{pod[1]}", "eth0", ifindex, ips, pod[0], pod[1])
+        self.enforcer.endpoint_up(record, wait)
+        return ifindex
+
+    def unwire(self, pod: PodKey) -> None:
+        ifindex = self.ifindex.pop(pod, None)
+        if ifindex is not None:
+            self.enforcer.endpoint_gone((f"c-{pod[0]}-{pod[1]}", "eth0"))
+
+    def policy_of(self, pod: PodKey) -> EndpointPolicy | None:
+        """What the datapath holds for the pod now (None: nothing installed)."""
+        return self.datapath.current.get(self.ifindex[pod])

@@ -1,8 +1,0 @@
-"""A real single-node Kubernetes for sluice's tests.
-
-``python -m tests.k8s build`` builds Kubernetes from the Go module proxy into a cache
-outside the repository (``cache``, ``build``, ``images``); ``python -m tests.k8s up``
-starts etcd, the control plane, a private containerd, the kubelet and kube-proxy with
-sluice as the only CNI (``cluster``); ``python -m tests.k8s e2e`` runs Kubernetes' own
-NetworkPolicy e2e suite against it (``e2e``). ``fixtures`` holds the pytest fixtures.
-"""

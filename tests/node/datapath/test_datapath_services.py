@@ -1,0 +1,177 @@
+"""Egress policy through Services, with kube-proxy's DNAT as kube-proxy writes it.
+
+Pods a, b, c on one network (no masquerading, so the node forwards pod
+addresses as they are); a may reach only b's pod address on port 8080.
+Services are iptables nat rules in kube-proxy's shape: a services chain
+jumped from PREROUTING and OUTPUT, one chain per Service matching its
+ClusterIP and port, statistic-random choice between endpoint chains, each
+DNATing to a backend and marking hairpin traffic for masquerading. A
+"remote" backend lives in a namespace standing in for another node, reached
+through a veth that plays the node's uplink.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from cni.datapath import endpoint
+from cni.datapath import policy as P
+from cni.datapath.maps import Datapath
+from cni.net.netlink import Rtnl
+from tests.harness.cni_run import (
+    SESSION_TAG,
+    TEST_BPF_DIR,
+    Network,
+    PodNamespaces,
+    in_netns,
+)
+from tests.harness.datapath_pods import PROBE, PYTHON, HeldConnection, Pod, Server, wired_pods
+from tests.harness.kube_proxy import KubeProxy, NftKubeProxy
+
+
+@dataclass
+class Remote:
+    """A namespace standing in for another node, behind the veth ``uplink``."""
+
+    netns: str
+    uplink: str
+    backend: str
+
+
+@pytest.fixture(params=["iptables", "nftables"])
+def kube_proxy(request: pytest.FixtureRequest) -> Iterator[KubeProxy | NftKubeProxy]:
+    """kube-proxy's Services, in its iptables mode and in its nftables mode."""
+    tag = f"{SESSION_TAG}{random.randint(0, 0xFFF):03x}".upper()
+    rules = KubeProxy(tag) if request.param == "iptables" else NftKubeProxy(tag)
+    try:
+        rules.setup()
+        yield rules
+    finally:
+        rules.cleanup()
+
+
+@pytest.fixture
+def cluster(network: Network, pods: PodNamespaces) -> Iterator[list[Pod]]:
+    with wired_pods(network, pods, "abc", network.config(ipMasq=False)) as made:
+        yield made
+
+
+@pytest.fixture
+def remote(pods: PodNamespaces) -> Iterator[Remote]:
+    """10.250.N.7 on the far side of a veth whose node end is the uplink."""
+    n = random.randint(0, 255)
+    netns = pods.new()
+    name = f"slt{SESSION_TAG}up"
+    node_side, far_side, backend = f"10.251.{n}.1", f"10.251.{n}.2", f"10.250.{n}.7"
+    try:
+        for command in (
+            ["ip", "link", "add", name, "type", "veth", "peer", "name", "eth0", "netns", netns],
+            ["ip", "addr", "add", f"{node_side}/30", "dev", name],
+            ["ip", "link", "set", name, "up"],
+            ["ip", "route", "add", f"10.250.{n}.0/24", "via", far_side, "dev", name],
+        ):
+            subprocess.run(command, check=True)
+        for command in (
+            ["ip", "addr", "add", f"{far_side}/30", "dev", "eth0"],
+            ["ip", "addr", "add", f"{backend}/32", "dev", "eth0"],
+            ["ip", "link", "set", "eth0", "up"],
+            ["ip", "route", "add", "default", "via", node_side],
+        ):
+            in_netns(netns, *command, check=True)
+        with Rtnl() as ipr:
+            endpoint.attach_uplink(ipr, name, TEST_BPF_DIR)
+        yield Remote(netns, name, backend)
+    finally:
+        with Rtnl() as ipr, contextlib.suppress(OSError):
+            endpoint.detach_uplink(ipr, name, TEST_BPF_DIR)
+        subprocess.run(["ip", "link", "del", name], check=False, capture_output=True)
+
+
+@pytest.fixture
+def dp() -> Iterator[Datapath]:
+    with Datapath(TEST_BPF_DIR) as datapath:
+        try:
+            yield datapath
+        finally:
+            datapath.set_service_ips([])
+
+
+def only_b(b: Pod, *more: str) -> P.EndpointPolicy:
+    peers = [P.AllowRule(peers=(P.PeerCIDR(f"{b.ip}/32"),), ports=(P.Ports("tcp", 8080),))]
+    peers += [P.AllowRule(peers=(P.PeerCIDR(f"{ip}/32"),), ports=(P.Ports("tcp", 8080),))
+              for ip in more]  # fmt: skip
+    return P.EndpointPolicy(egress=tuple(peers))
+
+
+def connects(pod: Pod, address: str, port: int = 80) -> bool:
+    return in_netns(pod.netns, PYTHON, PROBE, "connect", address, str(port)).returncode == 0
+
+
+def cluster_ip() -> str:
+    return f"10.96.{random.randint(0, 255)}.{random.randint(1, 254)}"
+
+
+def test_egress_through_a_service_is_judged_on_its_backend(
+    cluster: list[Pod], kube_proxy: KubeProxy | NftKubeProxy, dp: Datapath
+) -> None:
+    a, b, c = cluster
+    web, only_c, own = cluster_ip(), cluster_ip(), cluster_ip()
+    kube_proxy.service("WEB", web, [(b.ip, 8080), (c.ip, 8080)])
+    kube_proxy.service("C", only_c, [(c.ip, 8080)])
+    kube_proxy.service("A", own, [(a.ip, 8080)])
+    dp.set_service_ips([web, only_c, own])
+    P.install(dp, a.ifindex, only_b(b))
+    before = dp.counters()["egress"]["denied-policy"]
+    with Server(b, tcp=(8080,)) as at_b, Server(c, tcp=(8080,)) as at_c, Server(a, tcp=(8080,)):
+        outcomes = [connects(a, web) for _ in range(12)]
+        assert not connects(a, only_c), "c through its ClusterIP"
+        assert connects(a, own), "hairpin: a reaches itself through its own Service"
+    assert at_c.counts["tcp"]["8080"] == 0
+    assert at_b.counts["tcp"]["8080"] == sum(outcomes) >= 1, "replies flow back through DNAT"
+    assert not all(outcomes), "the backends chosen at random include c"
+    denied = dp.counters()["egress"]["denied-policy"] - before
+    assert denied >= len(outcomes) - sum(outcomes) + 1, "counted as a's egress denials"
+
+
+def test_a_tightened_policy_cuts_an_established_service_flow(
+    cluster: list[Pod], kube_proxy: KubeProxy | NftKubeProxy, dp: Datapath
+) -> None:
+    a, b, _ = cluster
+    svc = cluster_ip()
+    kube_proxy.service("B", svc, [(b.ip, 8080)])
+    dp.set_service_ips([svc])
+    P.install(dp, a.ifindex, only_b(b))
+    with Server(b, tcp=(8080,)):
+        held = HeldConnection(a, Pod("svc", "", svc, "", 0), 80)
+        P.install(dp, a.ifindex, P.EndpointPolicy(egress=()))
+        assert held.finish() == "cut"
+
+
+def test_a_remote_backend_is_judged_at_the_uplink(
+    cluster: list[Pod], kube_proxy: KubeProxy | NftKubeProxy, dp: Datapath, remote: Remote
+) -> None:
+    a, b, _ = cluster
+    svc = cluster_ip()
+    kube_proxy.service("R", svc, [(remote.backend, 8080)])
+    dp.set_service_ips([svc])
+    server = subprocess.Popen(
+        ["ip", "netns", "exec", remote.netns.rsplit("/", 1)[1], PYTHON, PROBE, "serve",
+         "--tcp", "8080"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert server.stdout is not None and server.stdout.readline().strip() == "ready"
+        P.install(dp, a.ifindex, only_b(b))
+        assert connects(a, remote.backend, 8080) is False, "direct, judged where a sends it"
+        assert not connects(a, svc), "through the Service, judged at the uplink"
+        P.install(dp, a.ifindex, only_b(b, remote.backend))
+        assert connects(a, svc)
+        assert connects(a, remote.backend, 8080)
+    finally:
+        server.communicate("", timeout=20)

@@ -1,0 +1,106 @@
+"""sluicectl install and status, as an operator runs them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.harness.cni_run import exec_plugin, sluicectl
+
+
+def test_install_writes_launchers_and_a_conflist(tmp_path: Path) -> None:
+    bin_dir, conf_dir = tmp_path / "bin", tmp_path / "net.d"
+    proc = sluicectl(
+        "install",
+        "--bin-dir",
+        bin_dir,
+        "--conf-dir",
+        conf_dir,
+        "--subnet",
+        "10.244.3.0/24",
+        "--name",
+        "kind",
+        "--cni-version",
+        "1.0.0",
+        "--state-dir",
+        tmp_path / "state",
+        "--chain",
+        "portmap",
+    )
+    assert proc.returncode == 0, proc.stderr
+    for executable in ("sluice", "sluice-ipam"):
+        launcher = bin_dir / executable
+        assert launcher.stat().st_mode & 0o111
+        first = launcher.read_text().splitlines()[0]
+        assert first.startswith("#!/") and first.endswith(" -IS")
+        run = exec_plugin(launcher, "VERSION", b"{}").ok()
+        assert "1.1.0" in run.out["supportedVersions"]
+    conflist = json.loads((conf_dir / "10-sluice.conflist").read_text())
+    assert conflist["name"] == "kind" and conflist["cniVersion"] == "1.0.0"
+    sluice, portmap = conflist["plugins"]
+    assert sluice["type"] == "sluice" and sluice["policy"] == "off"
+    assert sluice["ipam"] == {"type": "sluice-ipam", "subnet": "10.244.3.0/24"}
+    assert sluice["stateDir"] == str(tmp_path / "state")
+    assert portmap == {"type": "portmap", "capabilities": {"portMappings": True}}
+    # Installing again is harmless.
+    assert sluicectl("install", "--bin-dir", bin_dir, "--conf-dir", conf_dir).returncode == 0
+
+
+def test_install_rejects_a_bad_subnet(tmp_path: Path) -> None:
+    proc = sluicectl(
+        "install", "--bin-dir", tmp_path, "--conf-dir", tmp_path, "--subnet", "10.1.2.3/24"
+    )
+    assert proc.returncode == 2 and "10.1.2.3/24" in proc.stderr
+
+
+def test_install_refuses_what_it_cannot_write_safely(tmp_path: Path) -> None:
+    where = ("install", "--bin-dir", tmp_path / "bin", "--conf-dir", tmp_path / "conf")
+    for options, message in (
+        (("--subnet", "10.1.0.0/24", "--subnet-from-node", "n1"), "not both"),
+        (("--subnet-from-node", "Bad_Name"), "is not a node name"),
+        (("--runtime", str(tmp_path / "a b")), "shell launcher"),
+        (("--runtime", "relative/dir"), "must be absolute"),
+    ):
+        proc = sluicectl(*where, *options)
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    unreachable = sluicectl(*where, "--subnet-from-node", "n1", "--kubeconfig", tmp_path / "x")
+    assert unreachable.returncode == 1 and "failed to reach the API" in unreachable.stderr
+    assert not (tmp_path / "conf").exists()  # refused before anything was written
+
+
+def install(tmp_path: Path, *options: object) -> tuple[Path, Path]:
+    """Install into scratch directories; return (bin dir, conflist)."""
+    bin_dir, conf_dir = tmp_path / "bin", tmp_path / "net.d"
+    proc = sluicectl(
+        "install",
+        "--bin-dir",
+        bin_dir,
+        "--conf-dir",
+        conf_dir,
+        "--state-dir",
+        tmp_path / "state",
+        *options,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return bin_dir, conf_dir / "10-sluice.conflist"
+
+
+def test_status_reports_a_usable_install(tmp_path: Path) -> None:
+    bin_dir, conf = install(tmp_path, "--subnet", "10.244.4.0/24")
+    proc = sluicectl("status", "--conf", conf, "--bin-dir", bin_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "status:      ready" in proc.stdout
+    assert "node-cidr 10.244.4.0/24: 0 allocated, 253 free" in proc.stdout
+
+    (bin_dir / "sluice").unlink()
+    proc = sluicectl("status", "--conf", conf, "--bin-dir", bin_dir)
+    assert proc.returncode == 1 and "missing" in proc.stdout
+
+    proc = sluicectl("status", "--conf", tmp_path / "nope.conflist", "--bin-dir", bin_dir)
+    assert proc.returncode == 1 and "nope.conflist" in proc.stdout
+
+
+def test_status_reports_why_an_add_would_fail(tmp_path: Path) -> None:
+    bin_dir, conf = install(tmp_path, "--policy", "enforce")
+    proc = sluicectl("status", "--conf", conf, "--bin-dir", bin_dir)
+    assert proc.returncode == 1 and "code 50" in proc.stdout and "agent" in proc.stdout

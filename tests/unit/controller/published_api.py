@@ -1,0 +1,87 @@
+"""An API server stand-in for the controller's objects: applies a ``Plan`` as the real one
+would (resource versions, merge-patched labels), and shows a node what its label
+selectors would show it."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from typing import Any
+
+from cni.controller.publisher import Plan, Publisher
+from cni.policy.published import objects
+from cni.policy.published.index import ShardIndex
+from cni.policy.published.objects import (
+    ADDRESS_SET,
+    POLICY_ENDPOINTS,
+    POLICY_TARGETS,
+    AddressShard,
+    PolicyShard,
+    TargetsShard,
+)
+
+Key = tuple[str, str, str]
+
+
+class PublishedStore:
+    def __init__(self) -> None:
+        self.objects: dict[Key, dict[str, Any]] = {}
+        self.writes: list[tuple[str, Key]] = []  # (verb, object) of every write, in order
+        self._versions = itertools.count(1)
+
+    def apply(self, plan: Plan, publisher: Publisher) -> None:
+        """Carry out the plan and tell the publisher what the API now holds."""
+        for write in plan.writes:
+            key = write.key
+            if write.verb == "relabel":
+                stored = self.objects[key]
+                labels = stored["metadata"]["labels"]
+                for name, value in write.labels_patch.items():
+                    if value is None:
+                        labels.pop(name, None)
+                    else:
+                        labels[name] = value
+            else:
+                assert (write.verb == "create") == (key not in self.objects), write
+                stored = copy.deepcopy(write.body)
+                self.objects[key] = stored
+            stored["metadata"]["resourceVersion"] = str(next(self._versions))
+            self.writes.append((write.verb, key))
+            publisher.observe(objects.shard_info(stored))
+        for info in plan.deletions:
+            self.objects.pop(info.object_key, None)
+            self.writes.append(("delete", info.object_key))
+            publisher.forget(info)
+
+    def for_node(self, node: str) -> tuple[list[Any], list[Any], list[Any]]:
+        """(PolicyEndpoints, AddressSets, PolicyTargets) a node's agent watches, parsed."""
+        label = objects.node_label_key(node)
+        policies, sets, targets = [], [], []
+        for (kind, _, _), body in sorted(self.objects.items()):
+            labels = body["metadata"].get("labels", {})
+            if kind == POLICY_ENDPOINTS and label in labels:
+                policies.append(objects.parse_policy_endpoints(body))
+            elif kind == ADDRESS_SET and label in labels:
+                sets.append(objects.parse_address_set(body))
+            elif kind == POLICY_TARGETS and labels.get(
+                objects.TARGETS_NODE_LABEL
+            ) == objects.node_label(node):
+                targets.append(objects.parse_policy_targets(body))
+        return policies, sets, targets
+
+    def feed(self, index: ShardIndex) -> None:
+        """Give an agent's index what its watches would hold now (a relist)."""
+        policies, sets, targets = self.for_node(index.node_name)
+        index.replace_all(AddressShard, sets)
+        index.replace_all(PolicyShard, policies)
+        index.replace_all(TargetsShard, targets)
+
+
+def publish(publisher: Publisher, store: PublishedStore, rounds: int = 3) -> None:
+    """Plan and apply until nothing is left to do (echoes may ask for a check)."""
+    for _ in range(rounds):
+        plan = publisher.plan()
+        if not plan:
+            return
+        store.apply(plan, publisher)
+    assert not publisher.plan(), "the publisher still has something to write"
