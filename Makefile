@@ -11,7 +11,7 @@ DEB_PACKAGES := containerd runc containernetworking-plugins busybox-static \
 	python3-venv python3-bpfcc bpfcc-tools clang linux-headers-amd64 \
 	iperf3 iputils-ping iproute2 nftables iptables procps
 
-.PHONY: test demo setup deps headers venv tools lint bench clean
+.PHONY: test demo setup deps headers bpffs venv tools lint bench clean
 
 test: setup lint k8s-build
 	PATH="$(CURDIR)/$(TOOLS):$$PATH" $(PY) -m pytest $(PYTEST_ARGS)
@@ -34,7 +34,12 @@ lint: venv
 	$(PY) -m ruff check cni ipam tests bench demo
 	$(PY) -m ruff format --check cni ipam tests bench demo
 
-setup: deps headers venv tools
+setup: deps headers bpffs venv tools
+
+# The datapath pins its programs and maps in the BPF filesystem; some VMs boot
+# without it mounted.
+bpffs:
+	@mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf
 
 # Debian packages, installed only when one is missing.
 deps:
