@@ -104,7 +104,7 @@ def test_python_is_hidden_in_the_namespace() -> None:
     """The test's premise: neither the checkout nor an interpreter is reachable."""
     python = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
     probe = (
-        f"test ! -e {ROOT / 'cni' / 'main.py'} && "
+        f"test ! -e {ROOT / 'cni' / 'plugin' / 'main.py'} && "
         f"test ! -e {sysconfig.get_paths()['stdlib']}/os.py && "
         f"! {python} -c pass 2>/dev/null && ! /usr/bin/python3 -c pass 2>/dev/null && "
         "! nft list tables >/dev/null 2>&1 && echo hidden"
@@ -118,7 +118,9 @@ def test_the_runtime_is_self_contained(runtime: Path) -> None:
     assert opt.is_symlink()  # switched in one rename when installed again
     lib = opt / "lib"
     assert (lib / "libc.so.6").exists() and list(lib.glob("ld-linux*"))
-    assert (opt / "site" / "cni" / "main.py").exists() and (opt / "site" / "pyroute2").is_dir()
+    assert (opt / "site" / "cni" / "plugin" / "main.py").exists() and (
+        opt / "site" / "pyroute2"
+    ).is_dir()
     assert not (opt / "site" / "bcc").exists()
     assert (lib / "libnftables.so.1").exists()
     launcher = (runtime / "launchers" / "sluice").read_text()
