@@ -101,6 +101,7 @@ class ApiClaimStore:
         self._cache: dict[str, Entry] = {}
         self._dead: deque[str] = deque(maxlen=DEAD_UIDS)
         self._dead_set: set[str] = set()
+        self._deleting: set[str] = set()  # uids this store is deleting (not lost: given back)
         self._lock = threading.Lock()
         self._pending: dict[Block, BlockUsage] = {}
         self._published: dict[Block, BlockUsage] = {}
@@ -301,6 +302,8 @@ class ApiClaimStore:
             "preconditions": {"uid": entry.uid, "resourceVersion": entry.resource_version},
         }
         path = prefixclaims.path_of(entry.claim.block)
+        with self._lock:
+            self._deleting.add(entry.uid)
         try:
             # Api.delete sends no body; the preconditions need one.
             self.api._json("DELETE", path, json=options)
@@ -310,6 +313,9 @@ class ApiClaimStore:
                 return False
             if err.status != 404:
                 raise self._error(f"deleting the claim of {entry.claim.block}", err) from None
+        finally:
+            with self._lock:
+                self._deleting.discard(entry.uid)
         self._forget(prefixclaims.name_of(entry.claim.block), entry.uid)
         return True
 
@@ -368,7 +374,11 @@ class ApiClaimStore:
                 del self._cache[name]
                 uid = current.uid
                 holder = (current.claim.node, current.claim.network)
-                lost = current.claim.held and holder == (self.node, self.network)
+                lost = (
+                    current.claim.held
+                    and holder == (self.node, self.network)
+                    and current.uid not in self._deleting
+                )
             if uid:
                 if len(self._dead) == self._dead.maxlen:
                     self._dead_set.discard(self._dead[0])
@@ -448,7 +458,8 @@ class ApiClaimStore:
                     next_sweep = time.monotonic() + SWEEP_SECONDS
             except (ApiError, ClaimsUnavailable, StoreError) as err:
                 log.warning("prefix claims: %s", err)
-                self._stopping.wait(1)
+            # What changes meanwhile goes out together: at most one round per interval.
+            self._stopping.wait(FLUSH_SECONDS)
 
     def _flush_usage(self) -> None:
         with self._lock:

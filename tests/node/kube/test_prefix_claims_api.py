@@ -194,7 +194,10 @@ def test_no_block_is_claimed_twice_when_every_node_claims_at_once(
     selected = cluster.kubectl_json(
         "get", "prefixclaims", "-l", f"{prefixclaims.NODE_LABEL}={node}"
     )["items"]
-    assert sorted(o["spec"]["prefix"] for o in selected) == claims_by_node(cluster, pool)[node]
+    assert (
+        sorted((o["spec"]["prefix"] for o in selected), key=_net)
+        == claims_by_node(cluster, pool)[node]
+    )
 
 
 def test_a_killed_agent_readopts_its_claims_and_leaks_none(
