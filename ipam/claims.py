@@ -1,18 +1,26 @@
 """Prefix claims: which node holds which aligned block of a pool.
 
 Prefix mode goes through this small interface so that the place where
-claims live can change: ``LocalClaimStore`` keeps them in a SQLite database
-in a claims directory (one host, or several simulated nodes sharing the
-directory); on a cluster they belong in the Kubernetes API.
+claims live can change (``ipam.claim_stores`` picks one per network):
 
-Each claim also carries the number of addresses its holder uses, so that
-any node can tell how many free addresses the pool still has, including
-those stranded in blocks other nodes hold.
+- ``LocalClaimStore`` keeps them in a SQLite database in a claims directory,
+  for one host (or several simulated nodes on it sharing the directory). Never
+  on a directory shared between hosts: SQLite's WAL keeps its index in shared
+  memory, which only processes of one host see, and its locks are not reliable
+  over network file systems such as NFS; two hosts would claim the same block.
+- On a cluster the claims live in the Kubernetes API, one object per block
+  (``cni.kube.claimstore``), reached through the node agent.
+
+Each claim also carries what its holder uses of the block (how many addresses,
+and which aligned parts are free), so that any node can tell how many free
+addresses the pool still has, including those stranded in blocks other nodes
+hold, and how large the largest free aligned part of the pool is.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import sqlite3
 import time
@@ -30,46 +38,90 @@ CLAIMS_SCHEMA = """
         used INTEGER NOT NULL DEFAULT 0
     )
 """
+# Added later: the free parts of the block, as a JSON list of CIDRs (NULL: unknown).
+FREE_COLUMN = "ALTER TABLE claims ADD COLUMN free TEXT"
+
+Block = ipaddress.IPv4Network
+
+
+class BlockUsage(NamedTuple):
+    """What a holder uses of one block."""
+
+    used: int  # addresses allocated or cooling
+    free: tuple[Block, ...]  # the other addresses, as aligned networks
 
 
 class Claim(NamedTuple):
-    block: ipaddress.IPv4Network
+    block: Block
     node: str
     network: str
     claimed_at: float
     used: int  # addresses the holder has allocated or cooling in the block
+    free: tuple[Block, ...] | None = None  # the block's free parts; None: not published
+    released_at: float | None = None  # given back, kept until its cooldown is over
+
+    @property
+    def held(self) -> bool:
+        return self.released_at is None
+
+
+class Shortage(NamedTuple):
+    """No free block could be claimed: why, in words and numbers."""
+
+    reason: str  # "fragmented" (free addresses, no free aligned block) or "exhausted"
+    message: str
+    free_addresses: int
+    largest_free: Block | None  # the largest aligned free network anywhere in the pool
 
 
 class ClaimStore(Protocol):
-    def claim(self, node: str, network: str) -> ipaddress.IPv4Network | None:
-        """Claim the lowest free aligned block for (node, network); None when none is free."""
+    def claim(self, node: str, network: str) -> Block | None:
+        """Claim a free aligned block for (node, network); None when none is free."""
         ...
 
-    def claim_block(self, block: ipaddress.IPv4Network, node: str, network: str) -> bool:
-        """Claim this very block; False if somebody holds it."""
+    def claim_block(self, block: Block, node: str, network: str) -> bool:
+        """Claim this very block; True if (node, network) holds it now."""
         ...
 
-    def release(self, block: ipaddress.IPv4Network, node: str) -> None:
+    def release(self, block: Block, node: str) -> None:
         """Give a block back, if ``node`` holds it."""
         ...
 
-    def report_usage(self, node: str, used: dict[ipaddress.IPv4Network, int]) -> None:
-        """Publish how many addresses ``node`` uses in each of its blocks."""
+    def report_usage(self, node: str, used: dict[Block, BlockUsage]) -> None:
+        """Publish what ``node`` uses of each of its blocks."""
         ...
 
-    def claims(self) -> list[Claim]: ...
+    def no_free_block(self, node: str, shortage: Shortage) -> None:
+        """An ADD found no block to claim (for the store to report where it reports)."""
+        ...
+
+    def claims(self) -> list[Claim]:
+        """Every claim of the pool, released ones (still taken) included."""
+        ...
+
+    def close(self) -> None:
+        """Done with it (a store shared by a process's allocators stays open)."""
+        ...
 
 
 class LocalClaimStore:
-    """Claims of one pool in ``<claimsDir>/<pool>.db``, shared through file locks."""
+    """Claims of one pool in ``<claimsDir>/<pool>.db``, shared through file locks by the
+    processes of one host."""
 
-    def __init__(self, claims_dir: str, pool: ipaddress.IPv4Network, prefix_length: int) -> None:
+    def __init__(self, claims_dir: str, pool: Block, prefix_length: int) -> None:
         self.pool = pool
         self.prefix_length = prefix_length
         name = f"{pool.network_address}_{pool.prefixlen}-{prefix_length}.db"
         self.path = os.path.join(claims_dir, name)
         self.db = open_database(self.path)
         self.db.execute(CLAIMS_SCHEMA)
+        columns = {row[1] for row in self.db.execute("PRAGMA table_info(claims)")}
+        if "free" not in columns:
+            try:
+                self.db.execute(FREE_COLUMN)
+            except sqlite3.OperationalError as err:  # another process added it first
+                if "duplicate column" not in str(err):
+                    raise
 
     def close(self) -> None:
         self.db.close()
@@ -77,42 +129,60 @@ class LocalClaimStore:
     def _transaction(self) -> AbstractContextManager[sqlite3.Connection]:
         return write_transaction(self.db, f"claims {self.path}")
 
-    def claim(self, node: str, network: str) -> ipaddress.IPv4Network | None:
+    def claim(self, node: str, network: str) -> Block | None:
         with self._transaction():
             taken = {row[0] for row in self.db.execute("SELECT cidr FROM claims")}
             blocks = self.pool.subnets(new_prefix=self.prefix_length)
             block = next((b for b in blocks if str(b) not in taken), None)
             if block is not None:
                 self.db.execute(
-                    "INSERT INTO claims VALUES (?, ?, ?, ?, 0)",
+                    "INSERT INTO claims VALUES (?, ?, ?, ?, 0, NULL)",
                     (str(block), node, network, time.time()),
                 )
         return block
 
-    def claim_block(self, block: ipaddress.IPv4Network, node: str, network: str) -> bool:
+    def claim_block(self, block: Block, node: str, network: str) -> bool:
         with self._transaction():
             cursor = self.db.execute(
-                "INSERT OR IGNORE INTO claims VALUES (?, ?, ?, ?, 0)",
+                "INSERT OR IGNORE INTO claims VALUES (?, ?, ?, ?, 0, NULL)",
                 (str(block), node, network, time.time()),
             )
-        return cursor.rowcount == 1
+            if cursor.rowcount == 1:
+                return True
+            holder = self.db.execute(
+                "SELECT node, network FROM claims WHERE cidr = ?", (str(block),)
+            ).fetchone()
+        return tuple(holder or ()) == (node, network)
 
-    def release(self, block: ipaddress.IPv4Network, node: str) -> None:
+    def release(self, block: Block, node: str) -> None:
         with self._transaction():
             self.db.execute("DELETE FROM claims WHERE cidr = ? AND node = ?", (str(block), node))
 
-    def report_usage(self, node: str, used: dict[ipaddress.IPv4Network, int]) -> None:
+    def report_usage(self, node: str, used: dict[Block, BlockUsage]) -> None:
         with self._transaction():
             self.db.executemany(
-                "UPDATE claims SET used = ? WHERE cidr = ? AND node = ?",
-                [(count, str(block), node) for block, count in used.items()],
+                "UPDATE claims SET used = ?, free = ? WHERE cidr = ? AND node = ?",
+                [
+                    (usage.used, json.dumps([str(n) for n in usage.free]), str(block), node)
+                    for block, usage in used.items()
+                ],
             )
+
+    def no_free_block(self, node: str, shortage: Shortage) -> None:
+        """Nothing to report beyond the ADD's error and the log on one host."""
 
     def claims(self) -> list[Claim]:
         rows = self.db.execute(
-            "SELECT cidr, node, network, claimed_at, used FROM claims"
+            "SELECT cidr, node, network, claimed_at, used, free FROM claims"
         ).fetchall()
         return [
-            Claim(ipaddress.IPv4Network(cidr), node, network, claimed_at, used)
-            for cidr, node, network, claimed_at, used in rows
+            Claim(
+                ipaddress.IPv4Network(cidr),
+                node,
+                network,
+                claimed_at,
+                used,
+                tuple(ipaddress.IPv4Network(n) for n in json.loads(free)) if free else None,
+            )
+            for cidr, node, network, claimed_at, used, free in rows
         ]

@@ -4,7 +4,10 @@ Two modes:
 
 - ``node-cidr`` (default): addresses from one subnet, the node's podCIDR;
 - ``prefix``: the node claims aligned blocks (``prefixLength``, /28 by
-  default) from a ``pool`` shared by many nodes, only as it needs them.
+  default) from a ``pool`` shared by many nodes, only as it needs them. The
+  claims live in a local store (``claimStore: "local"``, one host) or in the
+  Kubernetes API (``claimStore: "kubernetes"``, a cluster; see
+  ``ipam.claim_stores``).
 """
 
 from __future__ import annotations
@@ -21,6 +24,9 @@ DEFAULT_COOLDOWN_SECONDS = 120.0  # longer than conntrack's SYN_SENT timeout
 DEFAULT_PREFIX_LENGTH = 28
 DEFAULT_WARM_PREFIXES = 1
 NODE_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$")
+CLAIM_STORES = ("local", "kubernetes")
+# A Kubernetes node name that also fits a label value (the claims carry it in one).
+KUBERNETES_NODE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?$")
 
 
 class IPAMRoute(NamedTuple):
@@ -92,6 +98,7 @@ class PrefixConfig(NamedTuple):
     warm_prefixes: int
     claims_dir: str
     node_name: str
+    claim_store: str = "local"  # one of CLAIM_STORES
 
     mode = "prefix"
 
@@ -110,7 +117,8 @@ class PrefixConfig(NamedTuple):
             "pool": str(self.pool),
             "prefixLength": self.prefix_length,
             "warmPrefixes": self.warm_prefixes,
-            "claimsDir": self.claims_dir,
+            "claimStore": self.claim_store,
+            **({"claimsDir": self.claims_dir} if self.claim_store == "local" else {}),
             "nodeName": self.node_name,
             "routes": [r.to_json() for r in self.routes],
             "cooldownSeconds": self.cooldown_seconds,
@@ -183,10 +191,26 @@ def _prefix(ipam: dict[str, Any], common: dict[str, Any]) -> PrefixConfig:
     warm = ipam.get("warmPrefixes", DEFAULT_WARM_PREFIXES)
     if not _is_int(warm) or warm < 0:
         raise InvalidConfig(f'invalid "ipam.warmPrefixes" {warm!r}: must be 0 or more')
+    claim_store = ipam.get("claimStore", "local")
+    if claim_store not in CLAIM_STORES:
+        raise InvalidConfig(
+            f'invalid "ipam.claimStore" {claim_store!r}: expected one of {list(CLAIM_STORES)}'
+        )
+    if claim_store == "kubernetes" and ipam.get("claimsDir"):
+        raise InvalidConfig(
+            '"ipam.claimsDir" names a local claim store; with "ipam.claimStore": '
+            '"kubernetes" the claims live in the API (remove one of them)'
+        )
     claims_dir = ipam.get("claimsDir") or f"{common['state_dir']}/claims"
     node = ipam.get("nodeName") or _socket.gethostname()
     if not isinstance(node, str) or not NODE_NAME.match(node):
         raise InvalidConfig(f'invalid "ipam.nodeName" {node!r}')
+    if claim_store == "kubernetes" and not KUBERNETES_NODE_NAME.match(node):
+        raise InvalidConfig(
+            f'invalid "ipam.nodeName" {node!r} for "ipam.claimStore": "kubernetes": a '
+            "Kubernetes node name of at most 63 lowercase letters, digits, '-' and '.' "
+            "(the claims carry it in a label)"
+        )
     return PrefixConfig(
         **common,
         pool=pool,
@@ -194,6 +218,7 @@ def _prefix(ipam: dict[str, Any], common: dict[str, Any]) -> PrefixConfig:
         warm_prefixes=warm,
         claims_dir=_absolute(claims_dir, "ipam.claimsDir"),
         node_name=node,
+        claim_store=claim_store,
     )
 
 

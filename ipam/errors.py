@@ -25,3 +25,8 @@ class NoAddress(IPAMError):
 
 class StoreError(IPAMError):
     """The store cannot be opened, locked, read or written."""
+
+
+class ClaimsUnavailable(IPAMError):
+    """Prefix claims live where this process cannot reach them now (the Kubernetes API,
+    reached only through the agent); the call may succeed later."""

@@ -16,18 +16,27 @@ reconciling them: a claim the node did not record (a crash after claiming)
 is adopted; a recorded block the node no longer has a claim for (a crash
 while giving it back) is dropped if it is empty, claimed again if it is not.
 So no process can allocate from a block its node does not hold a claim for.
+
+The claim store is the network's (``ipam.claim_stores``): local, or the Kubernetes
+API through the agent. Without the agent, an allocator of an API-claimed network
+still releases addresses (DEL and GC), and leaves giving blocks back and
+publishing usage to the agent's next change or reconcile (``reconcile``, which the
+agent runs at start and periodically).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 
 from ipam import logs
 from ipam.allocator import Allocator
-from ipam.claims import Claim, LocalClaimStore
+from ipam.claim_stores import open_claim_store
+from ipam.claims import BlockUsage, Claim, Shortage
 from ipam.clock import Clock
 from ipam.config import PrefixConfig
-from ipam.errors import StoreError
+from ipam.errors import ClaimsUnavailable, NoAddress, StoreError
+from ipam.space import aligned_blocks, free_in_block, largest_network, unclaimed_space
 from ipam.store import Store
 
 log = logs.get("sluice.ipam")
@@ -40,7 +49,7 @@ class PrefixAllocator(Allocator):
     def __init__(self, config: PrefixConfig, store: Store, clock: Clock) -> None:
         super().__init__(config, store, clock)
         self.prefixlen = 32  # each pod owns one address; nothing is on-link
-        self.claims = LocalClaimStore(config.claims_dir, config.pool, config.prefix_length)
+        self.claims = open_claim_store(config)
 
     def close(self) -> None:
         self.claims.close()
@@ -61,6 +70,10 @@ class PrefixAllocator(Allocator):
         return sorted(ipaddress.IPv4Network(cidr) for cidr in self.store.prefixes())
 
     def _is_mine(self, claim: Claim) -> bool:
+        """This node holds the claim (a released one it no longer does)."""
+        return claim.held and self._holder_is_me(claim)
+
+    def _holder_is_me(self, claim: Claim) -> bool:
         return claim.node == self.config.node_name and claim.network == self.config.network
 
     def _reclaim(self, block: Block, claim: Claim | None) -> None:
@@ -70,7 +83,8 @@ class PrefixAllocator(Allocator):
             log.warning("dropping block %s: recorded, but no longer claimed", block)
             self.store.remove_prefix(str(block))
             return
-        if claim is None and self.claims.claim_block(
+        # Nobody's, or this node's own released claim (a crash while giving it back).
+        if (claim is None or self._holder_is_me(claim)) and self.claims.claim_block(
             block, self.config.node_name, self.config.network
         ):
             log.warning("claimed block %s again: it still holds %s", block, busy)
@@ -85,6 +99,15 @@ class PrefixAllocator(Allocator):
         """Addresses allocated or cooling in each held block."""
         busy = [ipaddress.IPv4Address(ip) for ip in self._busy()]
         return {block: sum(1 for ip in busy if ip in block) for block in held}
+
+    def block_usage(self, held: list[Block]) -> dict[Block, BlockUsage]:
+        """What the node uses of each held block, as the claim store publishes it."""
+        busy = [ipaddress.IPv4Address(ip) for ip in self._busy()]
+        usage = {}
+        for block in held:
+            mine = [ip for ip in busy if ip in block]
+            usage[block] = BlockUsage(len(mine), free_in_block(block, mine))
+        return usage
 
     def _busy(self) -> set[str]:
         return {row.ip for row in self.store.allocations()} | set(self.cooling())
@@ -113,7 +136,12 @@ class PrefixAllocator(Allocator):
         block = self._claim()
         if block is not None:
             return block.network_address
-        return self._longest_cooled(lambda ip: any(ip in b for b in held), self._no_block())
+        try:
+            return self._longest_cooled(lambda ip: any(ip in b for b in held), "")
+        except NoAddress:
+            shortage = self.shortage()
+            self.claims.no_free_block(self.config.node_name, shortage)
+            raise NoAddress(shortage.message) from None
 
     def _reserve(self) -> int:
         """Free addresses the warm reserve asks for: warmPrefixes blocks' worth."""
@@ -134,8 +162,24 @@ class PrefixAllocator(Allocator):
 
         The claim goes first, then the record; a crash in between leaves a
         record without a claim, which the next change drops (it is empty).
+        Where the claims cannot be reached (an API-claimed network without the
+        agent) the addresses are released all the same and the blocks stay for
+        the agent to give back.
         """
         self._forget_cooled(self.clock.now())
+        try:
+            self._give_back()
+        except ClaimsUnavailable as err:
+            log.info("blocks are given back later: %s", err)
+
+    def reconcile(self) -> list[Block]:
+        """Adopt, drop or claim again what the claims and the node's records disagree
+        on, give back what is not needed, publish usage; the blocks held after."""
+        with self.changing():
+            pass
+        return sorted(ipaddress.IPv4Network(c) for c in self.store.prefixes())
+
+    def _give_back(self) -> None:
         usage = self.usage(self.held())
         spare = self._spare(usage)
         for block in sorted((b for b, used in usage.items() if used == 0), reverse=True):
@@ -148,7 +192,8 @@ class PrefixAllocator(Allocator):
 
     def _after_commit(self) -> None:
         held = [ipaddress.IPv4Network(c) for c in self.store.prefixes()]
-        self.claims.report_usage(self.config.node_name, self.usage(held))
+        with contextlib.suppress(ClaimsUnavailable):  # else the agent's next reconcile
+            self.claims.report_usage(self.config.node_name, self.block_usage(held))
 
     # -- availability -------------------------------------------------------------
 
@@ -163,15 +208,43 @@ class PrefixAllocator(Allocator):
         return self.config.pool.num_addresses - others - sum(own.values())
 
     def free_blocks(self) -> int:
-        total = 2 ** (self.config.prefix_length - self.config.pool.prefixlen)
-        return total - len(self.claims.claims())
+        """Blocks of the pool nobody claims."""
+        claimed = [c.block for c in self.claims.claims()]
+        space = unclaimed_space(self.config.pool, self.config.prefix_length, claimed)
+        return aligned_blocks(space, self.config.prefix_length)
 
-    def _no_block(self) -> str:
+    def free_space(self) -> list[Block]:
+        """Every free address of the pool as the largest aligned networks: unclaimed
+        blocks, the free parts of this node's blocks, the free parts other holders
+        published, and blocks given back but still in their cooldown."""
+        pool = self.config.pool
+        claims = self.claims.claims()
+        recorded = [ipaddress.IPv4Network(c) for c in self.store.prefixes()]
+        space = unclaimed_space(pool, self.config.prefix_length, [c.block for c in claims])
+        for usage in self.block_usage(recorded).values():
+            space.extend(usage.free)
+        own = set(recorded)
+        for c in claims:
+            if c.block in own and self._is_mine(c):
+                continue
+            if not c.held:
+                space.append(c.block)
+            elif c.free:
+                space.extend(n for n in c.free if n.subnet_of(pool))
+        return list(ipaddress.collapse_addresses(space))
+
+    def shortage(self) -> Shortage:
+        """Why no block can be claimed: a fragmented pool, or an exhausted one."""
         free = self.pool_free()
         pool, length = self.config.pool, self.config.prefix_length
-        if free > 0:
-            return f"pool {pool} has {free} free addresses but no free aligned /{length}"
-        return f"pool {pool} is exhausted: all {pool.num_addresses} addresses are in use"
+        if free <= 0:
+            message = f"pool {pool} is exhausted: all {pool.num_addresses} addresses are in use"
+            return Shortage("exhausted", message, 0, None)
+        largest = largest_network(self.free_space())
+        message = f"pool {pool} has {free} free addresses but no free aligned /{length}"
+        if largest is not None:
+            message += f" (the largest free aligned block is {largest})"
+        return Shortage("fragmented", message, free, largest)
 
     def unavailable_reason(self) -> str | None:
         held = [ipaddress.IPv4Network(c) for c in self.store.prefixes()]
@@ -179,4 +252,4 @@ class PrefixAllocator(Allocator):
         room = sum(1 for b in held for ip in b if str(ip) not in taken)  # cooling counts
         if room > 0 or self.free_blocks() > 0:
             return None
-        return self._no_block()
+        return self.shortage().message

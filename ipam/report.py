@@ -9,6 +9,11 @@ The JSON form is a stable schema (documented in the README):
                    "stats": {"allocated", "free", "freeAlignedBlocks", "largestFreeBlock",
                              "prefixesHeld", "prefixesMinimum", "packing"}}]}
 
+In prefix mode also ``claimStore`` ("local" or "kubernetes"), ``claims`` (every
+claim of the pool: {"cidr", "node", "network", "used", "releasedAt"}) and the
+stat ``largestFreeAddressBlock`` (the largest aligned network of free addresses
+anywhere in the pool, inside claimed blocks included).
+
 Numbers are recomputed from the store on every call, so they cannot drift.
 """
 
@@ -16,7 +21,6 @@ from __future__ import annotations
 
 import ipaddress
 import math
-from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -24,6 +28,7 @@ from ipam.allocator import Allocator
 from ipam.clock import Instant
 from ipam.nodecidr import NodeCIDRAllocator
 from ipam.prefix import PrefixAllocator
+from ipam.space import aligned_blocks, largest, unclaimed_space
 
 Network = ipaddress.IPv4Network
 NODE_CIDR_BLOCK = 28  # the block size fragmentation is measured in, in node-CIDR mode
@@ -31,26 +36,6 @@ NODE_CIDR_BLOCK = 28  # the block size fragmentation is measured in, in node-CID
 
 def timestamp(epoch: float) -> str:
     return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def aligned_blocks(space: Iterable[Network], prefix_length: int) -> int:
-    """How many aligned /prefix_length blocks fit entirely in ``space``."""
-    return sum(
-        2 ** (prefix_length - net.prefixlen) for net in space if net.prefixlen <= prefix_length
-    )
-
-
-def largest(space: list[Network]) -> str | None:
-    if not space:
-        return None
-    return str(min(space, key=lambda n: (n.prefixlen, int(n.network_address))))
-
-
-def unclaimed_space(pool: Network, prefix_length: int, claimed: Iterable[Network]) -> list[Network]:
-    """The pool minus the claimed blocks, as the largest aligned networks."""
-    taken = set(claimed)
-    free = (b for b in pool.subnets(new_prefix=prefix_length) if b not in taken)
-    return list(ipaddress.collapse_addresses(free))
 
 
 def network_report(allocator: Allocator) -> dict[str, Any]:
@@ -123,19 +108,31 @@ def _prefix_part(allocator: PrefixAllocator, allocated: int) -> dict[str, Any]:
                 "free": block.num_addresses - used - cool,
             }
         )
-    claimed = (c.block for c in allocator.claims.claims())
-    space = unclaimed_space(config.pool, config.prefix_length, claimed)
+    claims = sorted(allocator.claims.claims(), key=lambda c: int(c.block.network_address))
+    space = unclaimed_space(config.pool, config.prefix_length, [c.block for c in claims])
     minimum = math.ceil(allocated / config.block_size)
     return {
         "pool": str(config.pool),
         "prefixLength": config.prefix_length,
         "node": config.node_name,
+        "claimStore": config.claim_store,
         "prefixes": prefixes,
+        "claims": [
+            {
+                "cidr": str(c.block),
+                "node": c.node,
+                "network": c.network,
+                "used": c.used,
+                "releasedAt": timestamp(c.released_at) if c.released_at is not None else None,
+            }
+            for c in claims
+        ],
         "stats": {
             "allocated": allocated,
             "free": allocator.pool_free(),
             "freeAlignedBlocks": aligned_blocks(space, config.prefix_length),
             "largestFreeBlock": largest(space),
+            "largestFreeAddressBlock": largest(allocator.free_space()),
             "prefixesHeld": len(held),
             "prefixesMinimum": minimum,
             "packing": round(len(held) / minimum, 3) if minimum else None,

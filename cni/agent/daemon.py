@@ -20,6 +20,7 @@ import threading
 import time
 from typing import Any
 
+from cni.agent import prefix_claims
 from cni.agent.enforcer import Enforcer
 from cni.agent.handlers import Handlers
 from cni.agent.kube_source import COLLECTIONS, KubernetesSource
@@ -112,6 +113,10 @@ class Agent:
         from cni.agent import metrics
 
         self.metrics = metrics.Metrics(conf, self.datapath)
+        self.claims = prefix_claims.for_agent(conf, self.node_name, self.kubeconfig, self.from_api)
+        if self.claims is not None:  # listed before the socket opens (prefix_claims.py)
+            self.claims.start()
+            self.metrics.registry.register(self.claims.collector())
         by_controller = self.resolver == "controller"
         self.enforcer = Enforcer(
             self.datapath,
@@ -153,6 +158,8 @@ class Agent:
             self.api_source.stop()
         self.enforcer.stop()
         self.reaper.stop()
+        if self.claims is not None:
+            self.claims.stop()
         self.metrics.close()
         self.state.close()
         self.allocators.close()

@@ -60,4 +60,10 @@ def agent(
     if resolver == "controller" and not (kubeconfig or in_cluster):
         raise click.UsageError("--resolver controller needs the API: --kubeconfig, or a pod")
     name = node_name or os.environ.get("NODE_NAME") or socket.gethostname()
+    from cni.agent.prefix_claims import ClaimsConfigError, check_agent_config
+
+    try:
+        check_agent_config(conf, name, bool(kubeconfig) or in_cluster)
+    except ClaimsConfigError as err:
+        raise click.UsageError(str(err)) from None
     Agent(conf, name, metrics_address, kubeconfig, in_cluster, resolver).run()

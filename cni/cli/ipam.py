@@ -61,12 +61,40 @@ def _stored(state_dir: str) -> Iterator[tuple[str, dict[str, Any]]]:
 
 
 @contextmanager
-def opened(target: Target) -> Iterator[Allocator]:
+def opened(target: Target, kubeconfig: str | None = None) -> Iterator[Allocator]:
+    """The target's allocator; where its claims live in the Kubernetes API, with them
+    listed from there (``kubeconfig``; in a pod its service account)."""
     try:
-        with open_allocator(target.config) as allocator:
+        with _claims_for(target.config, kubeconfig), open_allocator(target.config) as allocator:
             yield allocator
     except IPAMError as err:
         _fail(str(err))
+
+
+@contextmanager
+def _claims_for(
+    config: ipam_config.NodeCIDRConfig | ipam_config.PrefixConfig, kubeconfig: str | None
+) -> Iterator[None]:
+    from cni.agent.prefix_claims import api_claims, uses_api_claims
+    from cni.kube.kubeconfig import ConfigError
+
+    if not uses_api_claims(config):
+        yield
+        return
+    assert isinstance(config, ipam_config.PrefixConfig)
+    try:
+        with api_claims(config, kubeconfig):
+            yield
+    except ConfigError as err:
+        _fail(f"the claims of network {config.network} live in the Kubernetes API: {err}")
+
+
+kubeconfig_option = click.option(
+    "--kubeconfig",
+    default=None,
+    help='Where the claims live in the API ("claimStore": "kubernetes"): this cluster '
+    "[default: in a pod its service account, else $KUBECONFIG or ~/.kube/config].",
+)
 
 
 output_option = click.option(
@@ -82,14 +110,15 @@ def ipam() -> None:
 @ipam.command()
 @conf_option
 @click.option("--state-dir", default=None, help="Show every network stored here instead.")
+@kubeconfig_option
 @output_option
-def show(conf_path: str | None, state_dir: str | None, output: str) -> None:
-    """Pools, prefixes, allocations and fragmentation."""
+def show(conf_path: str | None, state_dir: str | None, kubeconfig: str | None, output: str) -> None:
+    """Pools, prefixes, claims, allocations and fragmentation."""
     from ipam.report import network_report
 
     networks = []
     for target in targets_from(conf_path, state_dir):
-        with opened(target) as allocator:
+        with opened(target, kubeconfig) as allocator:
             networks.append(network_report(allocator))
     report = {"networks": networks}
     click.echo(json.dumps(report, indent=2) if output == "json" else render_table(report))
@@ -114,7 +143,14 @@ def parse_valid(values: tuple[str, ...]) -> set[tuple[str, str]]:
 )
 @click.option("--none-valid", is_flag=True, help="Release every attachment of the network.")
 @click.option("--dry-run", is_flag=True, help="Only list what would be released.")
-def gc(conf_path: str | None, valid: tuple[str, ...], none_valid: bool, dry_run: bool) -> None:
+@kubeconfig_option
+def gc(
+    conf_path: str | None,
+    valid: tuple[str, ...],
+    none_valid: bool,
+    dry_run: bool,
+    kubeconfig: str | None,
+) -> None:
     """Release every attachment not listed with --valid, as CNI GC does.
 
     For a sluice network this runs the plugin's own GC, which also removes the
@@ -124,7 +160,7 @@ def gc(conf_path: str | None, valid: tuple[str, ...], none_valid: bool, dry_run:
         _fail("name the attachments still in use with --valid, or pass --none-valid")
     keep = parse_valid(valid)
     (target,) = targets_from(conf_path, None)
-    with opened(target) as allocator:
+    with opened(target, kubeconfig) as allocator:
         stale = [a for a in allocator.allocations() if (a.container_id, a.ifname) not in keep]
     for a in stale:
         click.echo(
@@ -137,11 +173,12 @@ def gc(conf_path: str | None, valid: tuple[str, ...], none_valid: bool, dry_run:
         from cni.spec.errors import CNIError
 
         try:
-            gc_verb(target.sluice, keep)
+            with _claims_for(target.config, kubeconfig):
+                gc_verb(target.sluice, keep)
         except CNIError as err:
             _fail(f"GC finished with errors: {err.details}")
     else:
-        with opened(target) as allocator:
+        with opened(target, kubeconfig) as allocator:
             allocator.gc(keep)
     click.echo(f"released {len(stale)} attachment(s)")
 
@@ -149,13 +186,14 @@ def gc(conf_path: str | None, valid: tuple[str, ...], none_valid: bool, dry_run:
 @ipam.command()
 @conf_option
 @click.option("--repair", is_flag=True, help="Fix what is safe to fix.")
+@kubeconfig_option
 @output_option
-def check(conf_path: str | None, repair: bool, output: str) -> None:
+def check(conf_path: str | None, repair: bool, kubeconfig: str | None, output: str) -> None:
     """Find leaked allocations, veths without an allocation, and duplicates (exit 1)."""
     from ipam.check import check_attachments, check_store
 
     (target,) = targets_from(conf_path, None)
-    with opened(target) as allocator:
+    with opened(target, kubeconfig) as allocator:
         findings = check_store(allocator)
         if target.sluice is not None:  # only sluice creates veths to check against
             with _node_attachments(target.sluice) as (listing, remove):
@@ -198,6 +236,22 @@ def _node_attachments(conf: NetConf) -> Iterator[tuple[Any, Any]]:
         yield listing, remove
 
 
+def _claim_lines(net: dict[str, Any]) -> list[str]:
+    """Every claim of the pool, by whichever node holds it."""
+    where = "the Kubernetes API" if net["claimStore"] == "kubernetes" else "the local claim store"
+    stats = net["stats"]
+    lines = [
+        f"  claims of the pool in {where}: {len(net['claims'])}  largest free address block "
+        f"{stats['largestFreeAddressBlock'] or 'none'}",
+        f"  {'CLAIM':<20}{'NODE':<28}{'USED':>6}  RELEASED",
+    ]
+    for c in net["claims"]:
+        lines.append(
+            f"  {c['cidr']:<20}{c['node'][:26]:<28}{c['used']:>6}  {c['releasedAt'] or '-'}"
+        )
+    return lines
+
+
 def render_table(report: dict[str, Any]) -> str:
     """The human form: the fragmentation numbers first, then the details."""
     lines: list[str] = []
@@ -220,6 +274,7 @@ def render_table(report: dict[str, Any]) -> str:
             lines.append(f"  {'PREFIX':<20}{'USED':>6}{'COOLING':>9}{'FREE':>6}")
             for p in net["prefixes"]:
                 lines.append(f"  {p['cidr']:<20}{p['used']:>6}{p['cooling']:>9}{p['free']:>6}")
+            lines.extend(_claim_lines(net))
         if net["allocations"]:
             lines.append(f"  {'IP':<17}{'CONTAINER':<26}{'IFNAME':<8}{'POD':<30}ALLOCATED")
             for a in net["allocations"]:

@@ -79,5 +79,6 @@ def from_ipam(err: Exception) -> CNIError:
         errors.Unsupported: ERR_UNSUPPORTED_FIELD,
         errors.NoAddress: ERR_NO_ADDRESS,
         errors.StoreError: ERR_STORE,
+        errors.ClaimsUnavailable: ERR_TRY_AGAIN,  # the agent (and its API client) comes back
     }.get(type(err), ERR_INTERNAL)
     return CNIError(code, str(err))

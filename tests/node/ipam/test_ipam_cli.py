@@ -9,7 +9,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from ipam.claims import LocalClaimStore
+from ipam.claims import BlockUsage, LocalClaimStore
+from ipam.space import free_in_block
 from tests.harness.cni_run import Network, PodNamespaces, ping, sluicectl
 
 
@@ -72,11 +73,17 @@ def test_a_fragmented_pool_fails_add_and_status_clearly(
     ipam = prefix_ipam(tmp_path, "10.31.1.0/27", warmPrefixes=0)
     other = LocalClaimStore(str(tmp_path / "claims"), ipaddress.IPv4Network("10.31.1.0/27"), 28)
     blocks = [other.claim("node-b", network.name) for _ in range(2)]
-    other.report_usage("node-b", {b: 3 for b in blocks if b})
+    other.report_usage(
+        "node-b",
+        {b: BlockUsage(3, free_in_block(b, list(b)[:3])) for b in blocks if b},
+    )
     other.close()
     config = network.config(ipam=ipam)
     run = network.run("ADD", config, container_id="c1", netns=pods.new(), ifname="eth0")
-    message = "pool 10.31.1.0/27 has 26 free addresses but no free aligned /28"
+    message = (
+        "pool 10.31.1.0/27 has 26 free addresses but no free aligned /28 "
+        "(the largest free aligned block is 10.31.1.8/29)"
+    )
     assert run.error_code == 102 and run.out["details"] == message
     run = network.run("STATUS", config)
     assert run.error_code == 50 and run.out["details"] == message

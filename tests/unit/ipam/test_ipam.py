@@ -202,7 +202,10 @@ def test_fragmented_pool_gives_a_clear_error_and_stats(tmp_path: Path) -> None:
             a.allocate(f"a{i}", "eth0")
         with pytest.raises(NoAddress) as err:
             a.allocate("one-more", "eth0")
-        message = "pool 10.30.0.0/26 has 15 free addresses but no free aligned /28"
+        message = (
+            "pool 10.30.0.0/26 has 15 free addresses but no free aligned /28 "
+            "(the largest free aligned block is 10.30.0.56/29)"
+        )  # b holds 10.30.0.48/28 with .48 in use: .49, .50/31, .52/30 and .56/29 are free
         assert str(err.value) == message
         assert a.unavailable_reason() == message
         assert b.unavailable_reason() is None  # b still has room in its own block
@@ -212,6 +215,7 @@ def test_fragmented_pool_gives_a_clear_error_and_stats(tmp_path: Path) -> None:
             "free": 15,
             "freeAlignedBlocks": 0,
             "largestFreeBlock": None,
+            "largestFreeAddressBlock": "10.30.0.56/29",
             "prefixesHeld": 2,
             "prefixesMinimum": 2,
             "packing": 1.0,
