@@ -113,7 +113,7 @@ def show_report(bpf_dir: str) -> dict[str, Any]:
             os.close(fd)
         programs[name] = {"id": info.id, "tag": bytes(info.tag).hex(), "name": info.name.decode()}
     with _open(bpf_dir) as dp, Rtnl() as ipr:
-        links = {msg["index"]: msg for msg in ipr.link("dump")}
+        links = {msg["index"]: msg for msg in ipr.dump_links()}
         addresses: dict[int, list[str]] = {}
         for ip, owner_index in sorted(dp.endpoint_ips().items()):
             addresses.setdefault(owner_index, []).append(ip)
@@ -138,7 +138,7 @@ def show_report(bpf_dir: str) -> dict[str, Any]:
                         if pid
                     ],
                     "conntrackSlot": ep.ct_slot,
-                    "attached": sorted(attached_programs(ipr, ifindex, bpf_dir)) if link else [],
+                    "attached": sorted(attached_programs(dp, ipr, ifindex)) if link else [],
                     "conntrack": None
                     if table is None
                     else {
@@ -170,9 +170,7 @@ def show_report(bpf_dir: str) -> dict[str, Any]:
         config = {
             name: getattr(dp.config(), name) for name, _ in dp.config()._fields_ if name != "pad"
         }
-        uplink_names = [
-            links[i].get("IFLA_IFNAME") if i in links else str(i) for i in uplinks(bpf_dir)
-        ]
+        uplink_names = [links[i].get("IFLA_IFNAME") if i in links else str(i) for i in uplinks(dp)]
     return {
         "bpfDir": bpf_dir,
         "current": loader.is_current(bpf_dir),

@@ -176,11 +176,12 @@ def check(conf_path: str | None, repair: bool, output: str) -> None:
 def _node_attachments(conf: NetConf) -> Iterator[tuple[Any, Any]]:
     """How to list the network's veths with the addresses routed to them, and how to
     remove one (veth, datapath endpoint, masquerade entries)."""
+    from cni.datapath.maps import Datapath
     from cni.net import masq
     from cni.net.netlink import node_socket
     from cni.plugin import wiring
 
-    with node_socket() as node:
+    with node_socket() as node, Datapath(conf.bpf_dir) as datapath:
 
         def listing() -> dict[tuple[str, str], list[str]]:
             veths = wiring.node_veths(node, conf.network)
@@ -191,7 +192,7 @@ def _node_attachments(conf: NetConf) -> Iterator[tuple[Any, Any]]:
             if veth is None:
                 return
             ips = wiring.node_routed_ips(node, veth)
-            wiring.unwire(node, veth, conf.bpf_dir)
+            wiring.unwire(node, veth, datapath, ips)
             if conf.ip_masq:
                 masq.remove(conf.network, ips)
 
