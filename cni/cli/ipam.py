@@ -133,11 +133,13 @@ def gc(conf_path: str | None, valid: tuple[str, ...], none_valid: bool, dry_run:
     if dry_run:
         return
     if target.sluice is not None:
+        from cni.datapath.maps import Datapath
         from cni.plugin.verbs.gc import gc as gc_verb
         from cni.spec.errors import CNIError
 
         try:
-            gc_verb(target.sluice, keep)
+            with Datapath(target.sluice.bpf_dir) as datapath:
+                gc_verb(target.sluice, keep, datapath=datapath)
         except CNIError as err:
             _fail(f"GC finished with errors: {err.details}")
     else:
