@@ -90,7 +90,8 @@ class Handlers:
     def cni_call(self, env: dict[str, str], stdin: bytes) -> tuple[int, str, str]:
         """A CNI call forwarded by the executable: (exit code, stdout, stderr)."""
         started = time.perf_counter()
-        rc, out = execute(env, stdin, self._verb)
+        with self.retirer.call():  # no veth of an answered DEL is deleted meanwhile
+            rc, out = execute(env, stdin, self._verb)
         self.metrics.cni_call(env.get("CNI_COMMAND", ""), rc, time.perf_counter() - started)
         return rc, out, ""
 

@@ -38,8 +38,9 @@ from cni.spec.result import Result
 
 log = logger("sluice")
 
-# Takes what DEL leaves for after its answer and runs it then.
-Defer = Callable[[Callable[[], None]], None]
+# Takes what DEL leaves for after its answer and runs it then: the release (None
+# when DEL made it itself), and after it the veth's deletion (not if the release failed).
+Defer = Callable[[Callable[[], None] | None, Callable[[], None]], None]
 
 
 def run(request: Request) -> None:
@@ -78,10 +79,10 @@ def delete(
                 delete_veth = wiring.cut_off(node, veth, datapath, routed)
         if veth is not None:
             if conf.policy == "enforce":
-                defer(lambda: _finish(release, routed, delete_veth))
+                defer(lambda: release(routed), delete_veth)
             else:
                 release(routed)
-                defer(delete_veth)
+                defer(None, delete_veth)
             return
     release(None)
 
@@ -94,19 +95,14 @@ def finish_cut_off(
 ) -> None:
     """Complete a DEL whose pair was cut off but whose release never ran (its
     caller died in between): the same release, found from the down veth."""
-    delete(
-        conf, attachment, datapath=datapath, allocators=allocators, defer=lambda finish: finish()
-    )
+    delete(conf, attachment, datapath=datapath, allocators=allocators, defer=_finish_now)
 
 
-def _finish(
-    release: Callable[[list[str] | None], None],
-    routed: list[str],
-    delete_veth: Callable[[], None],
-) -> None:
+def _finish_now(release: Callable[[], None] | None, delete_veth: Callable[[], None]) -> None:
     """The release, then the veth: should the release fail, the down veth still marks
     the DEL as unfinished."""
-    release(routed)
+    if release is not None:
+        release()
     delete_veth()
 
 
