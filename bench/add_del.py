@@ -4,16 +4,26 @@
 Each plugin is exec'd exactly as a runtime does it, each pod in its own
 network namespace:
 
-- one pod at a time: sluice in its own process (no agent, "policy": "off"),
+- one pod at a time (``--pattern one``, the default): each pod ADDed and DELed
+  before the next, for sluice in its own process (no agent, "policy": "off"),
   sluice through the node agent ("policy": "enforce", the default), and ptp +
-  host-local. Rounds interleave the contenders (their order rotates) so that
-  machine noise hits all of them alike; ratios are computed per round and
-  their median is reported;
+  host-local;
+- many live pods (``--pattern live``), as on a node: every pod of a round is
+  ADDed, one after the other, and only then are they DELed, one after the
+  other, so that each call meets the others' veths, routes, endpoints and
+  addresses (and a DEL the deferred work of the DELs before it);
 - a burst: 100 pods ADDed at once (then DELed at once), wall time, for the
   agent and for ptp + host-local.
 
-    .venv/bin/python bench/add_del.py [--rounds 5] [--pods 20] [--burst 100] [--no-ip-masq]
-        [--attach tcx|tc]
+Rounds interleave the contenders (their order rotates) so that machine noise
+hits all of them alike; ratios are computed per round and their median is
+reported. After the last DEL of a round (or of a burst) returns, the script
+counts the addresses the IPAM still holds and then waits, untimed, until the
+contender has released everything (the agent finishes a DEL after it has
+answered), so that no contender's leftovers run into the next one's calls.
+
+    .venv/bin/python bench/add_del.py [--pattern one|live] [--rounds 5] [--pods 20]
+        [--burst 100] [--no-ip-masq] [--attach tcx|tc] [--no-in-process]
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -36,6 +47,7 @@ from cni.net import link
 from cni.net.rtnl import Rtnl
 from cni.spec.attachment import ALIAS_PREFIX
 from cni.spec.invoke import cni_env, invoke
+from ipam.store import Store, store_path
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = Path("/usr/lib/cni")
@@ -84,47 +96,78 @@ class Contender:
         self.config = config
         self.add: list[list[float]] = []  # per round
         self.delete: list[list[float]] = []
+        self.held: list[int] = []  # addresses still allocated when a round's last DEL returned
+        self.drain: list[float] = []  # seconds from then until none was left
+        self._stores: list[Store] = []
 
-    def round(self, pods: int, bin_dir: Path) -> None:
+    def call(self, command: str, cid: str, netns: str, bin_dir: Path) -> float:
+        return exec_plugin(self.binary, command, self.config, cid, netns, bin_dir)
+
+    def allocated(self) -> Callable[[], int]:
+        """What counts the addresses the contender's IPAM holds (a store opened once)."""
+        ipam = self.config["ipam"]
+        if ipam["type"] == "host-local":
+            directory = Path(ipam["dataDir"]) / self.config["name"]
+            return lambda: sum(1 for _ in directory.glob("*.*.*.*"))
+        network = self.config["name"]
+        store = Store(store_path(self.config["stateDir"], network), network)
+        self._stores.append(store)
+        return lambda: len(store.allocated_ips())
+
+    def released(self, timeout: float = 30.0) -> tuple[int, float]:
+        """(addresses held now, seconds until none is held), then the veths gone too."""
+        count = self.allocated()
+        held = count()
+        started = time.perf_counter()
+        while count():
+            if time.perf_counter() - started > timeout:
+                sys.exit(f"{self.label}: addresses still allocated {timeout} s after DEL")
+            time.sleep(0.005)
+        drained = time.perf_counter() - started
+        settle(self.config["name"])
+        return held, drained
+
+    def round(self, pods: int, bin_dir: Path, pattern: str) -> None:
         adds, dels = [], []
-        for i in range(pods):
-            name = new_netns()
-            netns = f"/run/netns/{name}"
-            cid = f"{self.label.split()[0]}-{i}-{name}"
-            try:
-                adds.append(exec_plugin(self.binary, "ADD", self.config, cid, netns, bin_dir))
-                dels.append(exec_plugin(self.binary, "DEL", self.config, cid, netns, bin_dir))
-                settle(self.config["name"])
-            finally:
+        names = [new_netns() for _ in range(pods)]
+        prefix = self.label.split()[0]
+        calls = [(f"{prefix}-{i}-{n}", f"/run/netns/{n}") for i, n in enumerate(names)]
+        try:
+            if pattern == "one":
+                for cid, netns in calls:
+                    adds.append(self.call("ADD", cid, netns, bin_dir))
+                    dels.append(self.call("DEL", cid, netns, bin_dir))
+                    settle(self.config["name"])
+            else:
+                adds = [self.call("ADD", cid, netns, bin_dir) for cid, netns in calls]
+                dels = [self.call("DEL", cid, netns, bin_dir) for cid, netns in calls]
+                held, drained = self.released()
+                self.held.append(held)
+                self.drain.append(drained)
+        finally:
+            for name in names:
                 subprocess.run(["ip", "netns", "del", name], check=False)
         self.add.append(adds)
         self.delete.append(dels)
 
-    def burst(self, pods: int, bin_dir: Path) -> tuple[float, float]:
-        """Wall seconds for ``pods`` ADDs at once, then as many DELs at once."""
+    def burst(self, pods: int, bin_dir: Path) -> tuple[float, float, int, float]:
+        """Wall seconds for ``pods`` ADDs at once, then as many DELs at once; the
+        addresses still held when the last DEL returned and the seconds until none was."""
         names = [new_netns() for _ in range(pods)]
         calls = [(f"burst-{i}-{n}", f"/run/netns/{n}") for i, n in enumerate(names)]
         try:
             with ThreadPoolExecutor(max_workers=pods) as pool:
                 started = time.perf_counter()
-                list(
-                    pool.map(
-                        lambda c: exec_plugin(self.binary, "ADD", self.config, *c, bin_dir), calls
-                    )
-                )
+                list(pool.map(lambda c: self.call("ADD", *c, bin_dir), calls))
                 adds = time.perf_counter() - started
                 started = time.perf_counter()
-                list(
-                    pool.map(
-                        lambda c: exec_plugin(self.binary, "DEL", self.config, *c, bin_dir), calls
-                    )
-                )
+                list(pool.map(lambda c: self.call("DEL", *c, bin_dir), calls))
                 dels = time.perf_counter() - started
-                settle(self.config["name"])
+                held, drained = self.released()
         finally:
             for name in names:
                 subprocess.run(["ip", "netns", "del", name], check=False)
-        return adds, dels
+        return adds, dels, held, drained
 
 
 def nft_table_exists(family: str, name: str) -> bool:
@@ -162,6 +205,13 @@ def start_agent(work: Path, config: dict) -> subprocess.Popen[bytes]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--pattern",
+        choices=("one", "live"),
+        default="one",
+        help="one: each pod ADDed and DELed before the next; live: a round's pods all "
+        "ADDed, then all DELed",
+    )
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--pods", type=int, default=20, help="pods per contender and round")
     parser.add_argument("--burst", type=int, default=100, help="pods in the burst (0: none)")
@@ -173,6 +223,9 @@ def main() -> None:
         choices=("tcx", "tc"),
         default="tcx",
         help="how sluice's programs go onto pod veths (the datapath's \"attach\")",
+    )
+    parser.add_argument(
+        "--no-in-process", action="store_true", help="leave out sluice in its own process"
     )
     args = parser.parse_args()
     if os.geteuid() != 0:
@@ -231,23 +284,33 @@ def main() -> None:
         ),
     ]
     _, agent_mode, ptp = contenders
+    if args.no_in_process:
+        del contenders[0]
     agent = start_agent(work, through_agent)
-    bursts: dict[str, tuple[float, float]] = {}
+    bursts: dict[str, tuple[float, float, int, float]] = {}
     try:
         for r in range(args.rounds):
             shift = r % len(contenders)
             for contender in contenders[shift:] + contenders[:shift]:
-                contender.round(args.pods, bin_dir)
+                contender.round(args.pods, bin_dir, args.pattern)
             print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
         if args.burst:
             for contender in (agent_mode, ptp, agent_mode, ptp):
-                adds, dels = contender.burst(args.burst, bin_dir)
-                best = bursts.get(contender.label, (adds, dels))
-                bursts[contender.label] = (min(best[0], adds), min(best[1], dels))
+                adds, dels, held, drained = contender.burst(args.burst, bin_dir)
+                best = bursts.get(contender.label, (adds, dels, held, drained))
+                bursts[contender.label] = (
+                    min(best[0], adds),
+                    min(best[1], dels),
+                    max(best[2], held),
+                    max(best[3], drained),
+                )
             print("bursts done", file=sys.stderr)
     finally:
         agent.terminate()
         agent.wait()
+        for contender in contenders:
+            for store in contender._stores:
+                store.close()
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(bpf_dir, ignore_errors=True)
         if not nat_existed and nft_table_exists("ip", "nat"):
@@ -257,8 +320,9 @@ def main() -> None:
                 ["nft", "delete", "table", "ip", f"sluice_{name}"], check=False, capture_output=True
             )
 
+    how = "one pod at a time" if args.pattern == "one" else "all ADDs, then all DELs"
     print(
-        f"ADD/DEL latency, {args.rounds} rounds x {args.pods} pods, one pod at a time, "
+        f"ADD/DEL latency, {args.rounds} rounds x {args.pods} pods, {how}, "
         f"ipMasq {'on' if masq else 'off'}, sluice attaching with {args.attach}"
     )
     print(f"{'plugin':<22}{'ADD median':>12}{'DEL median':>12}{'ADD ratio':>11}{'DEL ratio':>11}")
@@ -268,11 +332,17 @@ def main() -> None:
             f"{median_ms(contender.delete):>10.1f}ms"
             f"{ratio(contender.add, ptp.add):>10.2f}x{ratio(contender.delete, ptp.delete):>10.2f}x"
         )
+    if args.pattern == "live":
+        print("\nafter the last DEL of a round: addresses still allocated, seconds until none")
+        for contender in contenders:
+            held = ", ".join(map(str, contender.held))
+            drain = ", ".join(f"{d:.2f}" for d in contender.drain)
+            print(f"{contender.label:<22}held {held}; released in {drain} s")
     if bursts:
         print(f"\n{args.burst} pods at once (best of 2), wall time")
-        print(f"{'plugin':<22}{'ADDs':>10}{'DELs':>10}")
-        for label, (adds, dels) in bursts.items():
-            print(f"{label:<22}{adds:>9.2f}s{dels:>9.2f}s")
+        print(f"{'plugin':<22}{'ADDs':>10}{'DELs':>10}{'held after':>12}{'released in':>13}")
+        for label, (adds, dels, held, drained) in bursts.items():
+            print(f"{label:<22}{adds:>9.2f}s{dels:>9.2f}s{held:>12}{drained:>12.2f}s")
         ours, theirs = bursts[agent_mode.label], bursts[ptp.label]
         print(f"{'ratio agent/ptp':<22}{ours[0] / theirs[0]:>9.2f}x{ours[1] / theirs[1]:>9.2f}x")
 

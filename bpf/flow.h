@@ -67,9 +67,9 @@ static __always_inline int handle_arp(struct __sk_buff *skb, struct sl_endpoint 
 	/* Ethernet, ARP header, sender hardware address, then the sender's IPv4 address. */
 	if (bpf_skb_load_bytes(skb, SL_ETH_HLEN + sizeof(struct arphdr) + ETH_ALEN, &sender,
 			       sizeof(sender)) < 0)
-		return verdict_drop(ifindex, dir, SL_DROP_MALFORMED, 0);
+		return verdict_drop_frame(ifindex, dir, SL_DROP_MALFORMED, bpf_htons(ETH_P_ARP));
 	if (sender != 0 && !own_address(ep, ifindex, sender))
-		return verdict_drop(ifindex, dir, SL_DROP_SPOOFED, 0);
+		return verdict_drop_frame(ifindex, dir, SL_DROP_SPOOFED, bpf_htons(ETH_P_ARP));
 	return verdict_pass(dir, SL_ALLOWED);
 }
 
@@ -167,27 +167,32 @@ static __always_inline int handle_packet(struct __sk_buff *skb, __u32 dir)
 
 	ep = endpoints.lookup(&ifindex);
 	if (!ep)
-		return verdict_drop(ifindex, dir, SL_DROP_NO_ENDPOINT, 0);
+		return verdict_drop_frame(ifindex, dir, SL_DROP_NO_ENDPOINT, (__be16)skb->protocol);
 	if (bpf_skb_load_bytes(skb, 0, &eth, sizeof(eth)) < 0)
 		return dir == SL_DIR_EGRESS || isolated(ep, dir)
-			       ? verdict_drop(ifindex, dir, SL_DROP_MALFORMED, 0)
+			       ? verdict_drop_frame(ifindex, dir, SL_DROP_MALFORMED, (__be16)skb->protocol)
 			       : verdict_pass(dir, SL_ALLOWED);
 	if (dir == SL_DIR_EGRESS) {
 		/* Only untagged IPv4 and ARP leave a pod, in every mode: a tag (even
 		 * one the kernel took off before this hook) or another ethertype
 		 * could be reinterpreted after the datapath passed it. */
-		if (skb->vlan_present || eth.h_proto != skb->protocol)
-			return verdict_drop(ifindex, dir, SL_DROP_UNSUPPORTED, 0);
+		if (skb->vlan_present)
+			return verdict_drop_frame(ifindex, dir, SL_DROP_UNSUPPORTED, (__be16)skb->vlan_proto);
+		if (eth.h_proto != skb->protocol)
+			return verdict_drop_frame(ifindex, dir, SL_DROP_UNSUPPORTED, eth.h_proto);
 		if (eth.h_proto == bpf_htons(ETH_P_ARP))
 			return handle_arp(skb, ep, ifindex, dir);
 		if (eth.h_proto != bpf_htons(ETH_P_IP))
-			return verdict_drop(ifindex, dir, SL_DROP_UNSUPPORTED, 0);
+			return verdict_drop_frame(ifindex, dir, SL_DROP_UNSUPPORTED, eth.h_proto);
 	} else {
 		if (eth.h_proto == bpf_htons(ETH_P_ARP) && !skb->vlan_present)
 			return verdict_pass(dir, SL_ALLOWED);
 		if (eth.h_proto != bpf_htons(ETH_P_IP) || skb->vlan_present)
-			return isolated(ep, dir) ? verdict_drop(ifindex, dir, SL_DROP_UNSUPPORTED, 0)
-						 : verdict_pass(dir, SL_ALLOWED);
+			return isolated(ep, dir)
+				       ? verdict_drop_frame(ifindex, dir, SL_DROP_UNSUPPORTED,
+							    skb->vlan_present ? (__be16)skb->vlan_proto
+									      : eth.h_proto)
+				       : verdict_pass(dir, SL_ALLOWED);
 	}
 
 	err = parse_ipv4(skb, SL_ETH_HLEN, &pkt);

@@ -4,13 +4,21 @@
  * for a drop, send a rate-limited event to userspace.
  *
  * API:
- *   int verdict_pass(dir, reason)                      SL_PASS
- *   int verdict_drop(ifindex, dir, reason, tuple)      TC_ACT_SHOT (tuple may be NULL)
+ *   int verdict_pass(dir, reason)                          SL_PASS
+ *   int verdict_drop(ifindex, dir, reason, tuple)          TC_ACT_SHOT, an IPv4 packet
+ *                                                          (tuple may be NULL)
+ *   int verdict_drop_frame(ifindex, dir, reason, ethertype) TC_ACT_SHOT, a frame without
+ *                                                          a tuple (IPv6, ARP, VLAN...)
  *
  * A pass is "next" (TCX_NEXT, TC_ACT_UNSPEC: both -1), not "ok": later
  * programs on the hook (tcx) or filters (clsact) still run, such as the
  * bandwidth plugin's; with none left the packet goes on. The ifindex of a
  * drop names the endpoint whose policy decided (after DNAT: the source's).
+ *
+ * An event record is struct sl_event (sluice.h) followed by the frame's
+ * EtherType: appended here, outside the headers whose bytes make the pinned
+ * maps' layout marker, since the ring buffer's records are no map's key or
+ * value (readers of the bare struct sl_event still read the same bytes).
  */
 #ifndef __SL_VERDICT_H__
 #define __SL_VERDICT_H__
@@ -61,27 +69,46 @@ static __always_inline int verdict_pass(__u32 dir, __u32 reason)
 	return SL_PASS;
 }
 
-static __always_inline int verdict_drop(__u32 ifindex, __u32 dir, __u32 reason,
-					struct sl_tuple *t)
+struct sl_event_record {
+	struct sl_event ev;
+	__be16 ethertype;	/* of the frame (ETH_P_IP for every IPv4 packet) */
+	__u16 pad[3];
+};
+
+static __always_inline int drop(__u32 ifindex, __u32 dir, __u32 reason, struct sl_tuple *t,
+				__be16 ethertype)
 {
-	struct sl_event ev = {};
+	struct sl_event_record rec = {};
 
 	count(dir, reason);
 	if (!event_allowed())
 		return TC_ACT_SHOT;
-	ev.timestamp = bpf_ktime_get_ns();
-	ev.ifindex = ifindex;
-	ev.dir = dir;
-	ev.reason = reason;
+	rec.ev.timestamp = bpf_ktime_get_ns();
+	rec.ev.ifindex = ifindex;
+	rec.ev.dir = dir;
+	rec.ev.reason = reason;
 	if (t) {
-		ev.saddr = t->saddr;
-		ev.daddr = t->daddr;
-		ev.sport = t->sport;
-		ev.dport = t->dport;
-		ev.proto = t->proto;
+		rec.ev.saddr = t->saddr;
+		rec.ev.daddr = t->daddr;
+		rec.ev.sport = t->sport;
+		rec.ev.dport = t->dport;
+		rec.ev.proto = t->proto;
 	}
-	events.ringbuf_output(&ev, sizeof(ev), 0);
+	rec.ethertype = ethertype;
+	events.ringbuf_output(&rec, sizeof(rec), 0);
 	return TC_ACT_SHOT;
+}
+
+static __always_inline int verdict_drop(__u32 ifindex, __u32 dir, __u32 reason,
+					struct sl_tuple *t)
+{
+	return drop(ifindex, dir, reason, t, bpf_htons(ETH_P_IP));
+}
+
+static __always_inline int verdict_drop_frame(__u32 ifindex, __u32 dir, __u32 reason,
+					      __be16 ethertype)
+{
+	return drop(ifindex, dir, reason, 0, ethertype);
 }
 
 #endif /* __SL_VERDICT_H__ */

@@ -9,7 +9,9 @@ NetworkPolicy applied with sluicectl, and what it changes.
 3. print who reaches whom, apply conf/demo-policy.yaml with ``sluicectl
    apply``, print it again;
 4. ``sluicectl explain`` for a denied flow, the deny events the datapath
-   reported, and the agent's view of endpoints and policies;
+   reported while the matrix with the policy ran (the pods' own IPv6
+   frames, which the datapath drops too, are among them), and the agent's
+   view of endpoints and policies;
 5. remove everything again.
 
 Exit status 1 if any connection differs from what the policy says.
@@ -26,14 +28,15 @@ import sys
 import tempfile
 import time
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 
 from cni.spec.invoke import cni_env, invoke
 
 ROOT = Path(__file__).resolve().parent.parent
 SLUICECTL = str(ROOT / ".venv" / "bin" / "sluicectl")
-PROBE = str(ROOT / "tests" / "support" / "matrix_probe.py")
-SERVER = str(ROOT / "tests" / "support" / "netprobe.py")
+PROBE = str(ROOT / "tests" / "harness" / "matrix_probe.py")
+SERVER = str(ROOT / "tests" / "harness" / "netprobe.py")
 POLICY = ROOT / "conf" / "demo-policy.yaml"
 SUBNET = "10.244.77.0/24"
 PODS = (("shop", "web"), ("shop", "db"), ("ops", "monitor"))
@@ -118,6 +121,17 @@ def show(found: dict[tuple[str, str, int], bool], denied: set[tuple[str, str, in
     return wrong
 
 
+def events_since(output: str, since: datetime) -> list[str]:
+    """The monitor's lines (each starts with the event's UTC time) from ``since`` on:
+    the pods' earlier frames, from when their interfaces came up, are left out."""
+    kept = []
+    for line in output.splitlines():
+        clock = datetime.strptime(line.split(" ", 1)[0], "%H:%M:%S.%f").time()
+        if datetime.combine(since.date(), clock, UTC) >= since:
+            kept.append(line)
+    return kept
+
+
 def main() -> None:
     if os.geteuid() != 0:
         sys.exit("the demo needs root: it creates network namespaces")
@@ -186,6 +200,7 @@ def main() -> None:
         print(f"\nsluicectl apply -f {POLICY.relative_to(ROOT)}")
         print("  " + sluicectl("apply", "--conf", conf, "-f", str(POLICY)).replace("\n", "\n  "))
         print("who reaches whom (TCP), with the policy:")
+        since = datetime.now(UTC)
         wrong += show(matrix(pods), DENIED)
 
         monitor = pods[2]["ip"]
@@ -193,11 +208,10 @@ def main() -> None:
         explain = ("explain", "shop/db", "--conf", conf)
         shown(f"sluicectl explain shop/db --from {flow}", *explain, "--from", flow)
         shown("sluicectl explain shop/db", *explain)
-        shown(
-            "deny events (sluicectl datapath monitor --backlog):",
-            *("datapath", "monitor", "--bpf-dir", bpf_dir, "--backlog"),
-            *("--count", "3", "--timeout", "0.5"),
-        )
+        watch = ("datapath", "monitor", "--conf", conf, "--backlog", "--timeout", "0.5")
+        print(f"\ndeny events since {since:%H:%M:%S} (sluicectl datapath monitor --backlog):")
+        for line in events_since(sluicectl(*watch), since):
+            print(f"  {line}")
         shown("sluicectl get endpoints -o wide", "get", "endpoints", "--conf", conf, "-o", "wide")
         shown("sluicectl get policies", "get", "policies", "--conf", conf)
     finally:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from cni.datapath import endpoint
+from cni.datapath.maps import Datapath
 from cni.net.netlink import Rtnl
 from cni.spec.invoke import cni_env, invoke
 from dpbench import traffic
@@ -126,16 +127,16 @@ class Topology:
 
     def set_programs(self, attached: bool) -> None:
         """The sluice programs on both veths, or none (endpoint entries kept)."""
-        with Rtnl() as ipr:
+        with Rtnl() as ipr, Datapath(self.bpf_dir) as datapath:
             for pod in self.pods:
                 if attached:
-                    endpoint.attach_programs(ipr, pod.ifindex, pod.veth, self.bpf_dir)
+                    endpoint.attach_programs(datapath, ipr, pod.ifindex, pod.veth)
                 else:
-                    endpoint.detach_programs(ipr, pod.ifindex, self.bpf_dir)
+                    endpoint.detach_programs(datapath, ipr, pod.ifindex)
 
     def check_hooks(self, attached: bool) -> None:
-        with Rtnl() as ipr:
+        with Rtnl() as ipr, Datapath(self.bpf_dir) as datapath:
             for pod in self.pods:
-                hooks = set(endpoint.attached_programs(ipr, pod.ifindex, self.bpf_dir))
+                hooks = set(endpoint.attached_programs(datapath, ipr, pod.ifindex))
                 if hooks != (set(endpoint.HOOKS) if attached else set()):
                     raise RuntimeError(f"{pod.veth} runs {sorted(hooks)}, attached={attached}")

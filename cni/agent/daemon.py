@@ -104,12 +104,13 @@ class Agent:
         conf = self.conf
         if loader.load(conf.bpf_dir, settings=conf.datapath):
             log.info("compiled and pinned the datapath in %s", conf.bpf_dir)
-        self._attach_uplinks()
+        # The one handle on the datapath that everything in the agent works with.
         self.datapath = Datapath(conf.bpf_dir)
-        self.reaper = Reaper(conf.bpf_dir)
+        self._attach_uplinks()
+        self.reaper = Reaper(self.datapath)
         self.reaper.start()
         self.state = AgentState(conf.state_dir, conf.network)
-        self.allocators = ipam_client.keep_allocators_open()
+        self.allocators = ipam_client.KeptAllocators()
         from cni.agent import metrics
 
         self.metrics = metrics.Metrics(conf, self.datapath)
@@ -139,7 +140,13 @@ class Agent:
             self.local_store.load()
             self.enforcer.mark_ready()
         self.handlers = Handlers(
-            conf, self.enforcer, self.local_store, self.metrics, self.api_source
+            conf,
+            self.enforcer,
+            self.local_store,
+            self.metrics,
+            self.api_source,
+            datapath=self.datapath,
+            allocators=self.allocators,
         )
         self.server = AgentServer(conf.agent_socket, self.handlers.handle, self.handlers.cni_call)
         self._serving = threading.Thread(
@@ -175,7 +182,7 @@ class Agent:
                 names = (default,) if default else ()
             for name in names:
                 try:
-                    endpoint.attach_uplink(node, name, self.conf.bpf_dir)
+                    endpoint.attach_uplink(self.datapath, node, name)
                     log.info("judging service flows leaving through %s", name)
                 except CNIError as err:
                     log.warning("no uplink program on %s: %s", name, err.details)
@@ -195,7 +202,7 @@ class Agent:
                 continue
             attachment = Attachment(self.conf.network, container_id, ifname)
             try:
-                delete.finish_cut_off(self.conf, attachment)
+                delete.finish_cut_off(self.conf, attachment, self.datapath, self.allocators)
             except Exception as err:  # GC or the attachment's next ADD finishes it
                 log.warning("failed to finish the DEL of %s/%s: %s", container_id, ifname, err)
             else:

@@ -21,7 +21,8 @@ from cni.agent.enforcer import Enforcer, NotReady
 from cni.agent.local_store import LocalStore
 from cni.agent.retire import Retirer
 from cni.agent.state import EndpointRecord
-from cni.plugin import netconf, wire
+from cni.datapath.maps import Datapath
+from cni.plugin import ipam_client, netconf, wire
 from cni.plugin.netconf import NetConf
 from cni.plugin.verbs import add, check, delete, gc, status
 from cni.spec.call import execute
@@ -49,8 +50,14 @@ class Handlers:
         local_store: LocalStore | None,
         metrics: Any,
         api_source: Any = None,
+        *,
+        datapath: Datapath,
+        allocators: ipam_client.KeptAllocators | None = None,
     ) -> None:
         self.conf = conf
+        # The agent's handles, passed to every verb: its datapath and its open allocators.
+        self.datapath = datapath
+        self.allocators = allocators
         self.enforcer = enforcer
         self.local_store = local_store
         self.metrics = metrics
@@ -83,7 +90,8 @@ class Handlers:
     def cni_call(self, env: dict[str, str], stdin: bytes) -> tuple[int, str, str]:
         """A CNI call forwarded by the executable: (exit code, stdout, stderr)."""
         started = time.perf_counter()
-        rc, out = execute(env, stdin, self._verb)
+        with self.retirer.call():  # no veth of an answered DEL is deleted meanwhile
+            rc, out = execute(env, stdin, self._verb)
         self.metrics.cni_call(env.get("CNI_COMMAND", ""), rc, time.perf_counter() - started)
         return rc, out, ""
 
@@ -96,12 +104,12 @@ class Handlers:
             )
         if request.command == "STATUS":
             self._require_ready()
-            status.status(conf)
+            status.status(conf, datapath=self.datapath, allocators=self.allocators)
             return None
         if request.command == "GC":
             self.retirer.drain()  # releases DEL has left running go first
             valid = valid_attachments(request.config)
-            gc.gc(conf, valid)
+            gc.gc(conf, valid, datapath=self.datapath, allocators=self.allocators)
             for key in list(self.enforcer.endpoints):
                 if key not in valid:
                     self.enforcer.endpoint_gone(key)
@@ -116,13 +124,20 @@ class Handlers:
                 except CNIError:
                     prev = None
                 self.retirer.wait(attachment.key)  # a repeated DEL finds the first one done
-                delete.delete(conf, attachment, prev, defer=self.retirer.defer(attachment.key))
+                delete.delete(
+                    conf,
+                    attachment,
+                    prev,
+                    datapath=self.datapath,
+                    allocators=self.allocators,
+                    defer=self.retirer.defer(attachment.key),
+                )
                 self.enforcer.endpoint_gone(attachment.key)
                 return None
             prev = prev_result(request)
             if prev is None:
                 raise CNIError(ERR_INVALID_CONFIG, "CHECK needs the ADD result as prevResult")
-            check.check(conf, attachment, prev)
+            check.check(conf, attachment, prev, datapath=self.datapath, allocators=self.allocators)
             self._check_policy(attachment.key)
             return None
 
@@ -154,6 +169,8 @@ class Handlers:
                 attachment,
                 prev_result(request),
                 requested_mac(request),
+                datapath=self.datapath,
+                allocators=self.allocators,
                 before_up=before_up,
             )
 

@@ -113,7 +113,7 @@ def show_report(bpf_dir: str) -> dict[str, Any]:
             os.close(fd)
         programs[name] = {"id": info.id, "tag": bytes(info.tag).hex(), "name": info.name.decode()}
     with _open(bpf_dir) as dp, Rtnl() as ipr:
-        links = {msg["index"]: msg for msg in ipr.link("dump")}
+        links = {msg["index"]: msg for msg in ipr.dump_links()}
         addresses: dict[int, list[str]] = {}
         for ip, owner_index in sorted(dp.endpoint_ips().items()):
             addresses.setdefault(owner_index, []).append(ip)
@@ -138,7 +138,7 @@ def show_report(bpf_dir: str) -> dict[str, Any]:
                         if pid
                     ],
                     "conntrackSlot": ep.ct_slot,
-                    "attached": sorted(attached_programs(ipr, ifindex, bpf_dir)) if link else [],
+                    "attached": sorted(attached_programs(dp, ipr, ifindex)) if link else [],
                     "conntrack": None
                     if table is None
                     else {
@@ -170,9 +170,7 @@ def show_report(bpf_dir: str) -> dict[str, Any]:
         config = {
             name: getattr(dp.config(), name) for name, _ in dp.config()._fields_ if name != "pad"
         }
-        uplink_names = [
-            links[i].get("IFLA_IFNAME") if i in links else str(i) for i in uplinks(bpf_dir)
-        ]
+        uplink_names = [links[i].get("IFLA_IFNAME") if i in links else str(i) for i in uplinks(dp)]
     return {
         "bpfDir": bpf_dir,
         "current": loader.is_current(bpf_dir),
@@ -265,23 +263,39 @@ def monitor(
     backlog: bool,
     output: str,
 ) -> None:
-    """Stream deny events: source, destination, protocol, port, reason (rate-limited)."""
+    """Stream deny events: source and destination (with their pods, where this node
+    knows them), protocol, ports, reason; a frame that is not IPv4 by its EtherType
+    (rate-limited)."""
+    from cni.cli.event_names import PodNames, as_json, describe
     from cni.datapath.events import follow
 
     directory = bpf_dir_of(conf_path, bpf_dir)
-    with _open(directory):
-        pass
+    names = PodNames(_open(directory), state_dir_of(conf_path, directory))
     boot = time.time() - time.monotonic()  # the events carry CLOCK_MONOTONIC times
     events = follow(os.path.join(directory, "events"), timeout, backlog)
-    for seen, event in enumerate(events, 1):
-        when = datetime.fromtimestamp(boot + event.timestamp_ns / 1e9, UTC)
-        if output == "json":
-            click.echo(json.dumps({"time": when.isoformat(), **event.__dict__}))
-        else:
-            click.echo(
-                f"{when:%H:%M:%S.%f} {event.reason:<16} {event.direction:<7} "
-                f"ifindex {event.ifindex:<5} {event.protocol:<5} "
-                f"{event.source}:{event.sport} -> {event.destination}:{event.dport}"
-            )
-        if count and seen >= count:
-            return
+    with names.datapath:
+        for seen, event in enumerate(events, 1):
+            when = datetime.fromtimestamp(boot + event.timestamp_ns / 1e9, UTC)
+            if output == "json":
+                click.echo(json.dumps({"time": when.isoformat(), **as_json(names, event)}))
+            else:
+                click.echo(
+                    f"{when:%H:%M:%S.%f} {event.reason:<16} {event.direction:<7} "
+                    f"{describe(names, event)}"
+                )
+            if count and seen >= count:
+                return
+
+
+def state_dir_of(conf_path: str | None, bpf_dir: str) -> str | None:
+    """The stateDir of the network config whose bpfDir this is (--conf, or the
+    default one), where the pods' names are; None if no config names this bpfDir."""
+    from cni.plugin.netconf import DEFAULT_STATE_DIR
+
+    try:
+        plugin = conflist_mod.load(conf_path or DEFAULT_CONF).plugin()
+    except conflist_mod.ConflistError:
+        return None
+    if str(plugin.get("bpfDir", DEFAULT_BPF_DIR)) != bpf_dir:
+        return None
+    return str(plugin.get("stateDir", DEFAULT_STATE_DIR))

@@ -169,12 +169,16 @@ def gc(
     if dry_run:
         return
     if target.sluice is not None:
+        from cni.datapath.maps import Datapath
         from cni.plugin.verbs.gc import gc as gc_verb
         from cni.spec.errors import CNIError
 
         try:
-            with _claims_for(target.config, kubeconfig):
-                gc_verb(target.sluice, keep)
+            with (
+                _claims_for(target.config, kubeconfig),
+                Datapath(target.sluice.bpf_dir) as datapath,
+            ):
+                gc_verb(target.sluice, keep, datapath=datapath)
         except CNIError as err:
             _fail(f"GC finished with errors: {err.details}")
     else:
@@ -214,11 +218,12 @@ def check(conf_path: str | None, repair: bool, kubeconfig: str | None, output: s
 def _node_attachments(conf: NetConf) -> Iterator[tuple[Any, Any]]:
     """How to list the network's veths with the addresses routed to them, and how to
     remove one (veth, datapath endpoint, masquerade entries)."""
+    from cni.datapath.maps import Datapath
     from cni.net import masq
     from cni.net.netlink import node_socket
     from cni.plugin import wiring
 
-    with node_socket() as node:
+    with node_socket() as node, Datapath(conf.bpf_dir) as datapath:
 
         def listing() -> dict[tuple[str, str], list[str]]:
             veths = wiring.node_veths(node, conf.network)
@@ -229,7 +234,7 @@ def _node_attachments(conf: NetConf) -> Iterator[tuple[Any, Any]]:
             if veth is None:
                 return
             ips = wiring.node_routed_ips(node, veth)
-            wiring.unwire(node, veth, conf.bpf_dir)
+            wiring.unwire(node, veth, datapath, ips)
             if conf.ip_masq:
                 masq.remove(conf.network, ips)
 

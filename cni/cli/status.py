@@ -70,9 +70,11 @@ def status(conf_path: str, bin_dir: str) -> None:
     try:
         if conf.policy == "enforce":
             _agent_status(conf)
+        from cni.datapath.maps import Datapath
         from cni.plugin.verbs.status import status as status_verb
 
-        status_verb(conf)
+        with Datapath(conf.bpf_dir) as datapath:
+            status_verb(conf, datapath=datapath)
         click.echo(f"{'status:':13}ready")
     except CNIError as err:
         ready = False

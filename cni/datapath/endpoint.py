@@ -15,8 +15,10 @@ return "next" on allow so that they run too. Each link is pinned under
 reload swaps the program inside every link in one step. Kernels without tcx
 get a clsact qdisc with direct-action filters instead.
 
-Every writer of the pinned state holds ``state_lock(bpfDir)`` (a new tcx
-link is created before it is taken and pinned under it). Removal goes veth
+Every function works on an open ``Datapath`` (cni.datapath.maps), the one
+handle its process holds for that bpfDir. Every writer of the pinned state
+holds its state lock (``datapath.lock``; a new tcx link is created before it
+is taken and pinned under it). Removal goes veth
 first (the caller deletes it, or takes it down: ``forget``, then
 ``release_links`` once it is deleted), then links and entries, so a pair is
 never up, routed and unfiltered. Removal writes plain maps only: the table
@@ -34,7 +36,6 @@ import errno
 import os
 
 from cni.datapath import bpf, ctpool, reaper
-from cni.datapath.lock import state_lock
 from cni.datapath.maps import Datapath, DatapathMissing
 from cni.datapath.structs import Endpoint, ip_be, ip_str
 from cni.net.netlink import NetlinkError, Rtnl, kernel_op
@@ -53,31 +54,31 @@ def link_path(bpf_dir: str, ifindex: int, program: str) -> str:
     return os.path.join(bpf_dir, LINKS, f"{ifindex}_{program}")
 
 
-def _program_fd(bpf_dir: str, program: str) -> int:
-    return bpf.obj_get(os.path.join(bpf_dir, program))
+def _program_fd(datapath: Datapath, program: str) -> int:
+    return bpf.obj_get(datapath.path(program))
 
 
-def _attach_links(ifindex: int, bpf_dir: str, hooks: dict[str, tuple[int, str]]) -> bool:
+def _attach_links(ifindex: int, datapath: Datapath, hooks: dict[str, tuple[int, str]]) -> bool:
     """Pinned tcx links for the programs; False when the kernel has no tcx.
 
     Each link_create makes the kernel wait for an RCU grace period, so the links
     are created outside the state lock and pinned under it. A reload that pinned
     new programs in between has switched every pinned link but these: they are
     switched here, under the lock, before they are pinned."""
-    os.makedirs(os.path.join(bpf_dir, LINKS), exist_ok=True)
-    made = _create_links(ifindex, bpf_dir, hooks)
+    os.makedirs(datapath.path(LINKS), exist_ok=True)
+    made = _create_links(ifindex, datapath, hooks)
     if made is None:
         return False
     try:
-        with state_lock(bpf_dir):
+        with datapath.lock:
             for program, link_fd, prog_fd in made:
-                pinned = _program_fd(bpf_dir, program)
+                pinned = _program_fd(datapath, program)
                 try:
                     if bpf.prog_info(pinned).id != bpf.prog_info(prog_fd).id:
                         bpf.link_update(link_fd, pinned)
                 finally:
                     os.close(pinned)
-                path = link_path(bpf_dir, ifindex, program)
+                path = link_path(datapath.bpf_dir, ifindex, program)
                 if os.path.exists(path):  # a leftover of an earlier device with this ifindex
                     os.unlink(path)
                 bpf.obj_pin(link_fd, path)
@@ -92,13 +93,13 @@ Made = tuple[str, int, int]  # (program, link fd, program fd)
 
 
 def _create_links(
-    ifindex: int, bpf_dir: str, hooks: dict[str, tuple[int, str]]
+    ifindex: int, datapath: Datapath, hooks: dict[str, tuple[int, str]]
 ) -> list[Made] | None:
     """One tcx link per program; None when the kernel has no tcx."""
     made: list[Made] = []
     try:
         for index, (program, (attach_type, _)) in enumerate(hooks.items()):
-            prog_fd = _program_fd(bpf_dir, program)
+            prog_fd = _program_fd(datapath, program)
             try:
                 link_fd = bpf.link_create(prog_fd, ifindex, attach_type)
             except bpf.BPFError as err:
@@ -121,10 +122,10 @@ def _parent(hook: str) -> int:
 
 
 def _filters(
-    ipr: Rtnl, ifindex: int, bpf_dir: str, hooks: dict[str, tuple[int, str]], replace: bool
+    ipr: Rtnl, ifindex: int, datapath: Datapath, hooks: dict[str, tuple[int, str]], replace: bool
 ) -> None:
     for program, (_, parent) in hooks.items():
-        fd = _program_fd(bpf_dir, program)
+        fd = _program_fd(datapath, program)
         try:
             ipr.set_bpf_filter(
                 ifindex,
@@ -148,7 +149,9 @@ def no_ipv6_from_pod(name: str) -> None:
             f.write(value)
 
 
-def register(ifindex: int, name: str, pod_ips: list[str], bpf_dir: str, flags: int = 0) -> None:
+def register(
+    datapath: Datapath, ifindex: int, name: str, pod_ips: list[str], flags: int = 0
+) -> None:
     """The endpoint's entries and an empty conntrack table of its own; its programs are
     attached apart (``attach_new``), before the veth is up.
 
@@ -157,45 +160,46 @@ def register(ifindex: int, name: str, pod_ips: list[str], bpf_dir: str, flags: i
     if not pod_ips:
         raise CNIError(ERR_KERNEL, f'failed to attach the datapath to "{name}": no pod address')
     try:
-        with Datapath(bpf_dir) as datapath:
-            entries = datapath.ct_capacity()
-            with state_lock(bpf_dir):
-                slot = ctpool.take(datapath, entries)
-                own_table = slot is None
-                if own_table:
-                    slot = datapath.allocate_ct_slots(1)[0]
-                if datapath.endpoint(ifindex) is not None:
-                    datapath.delete_endpoint(ifindex)  # of an earlier device with this ifindex
-                datapath.set_endpoint(
-                    ifindex, Endpoint(ip=ip_be(pod_ips[0]), flags=flags, ct_slot=slot)
-                )
-                datapath.set_endpoint_ips(ifindex, pod_ips)
-                datapath.reset_stats(ifindex)
+        entries = datapath.ct_capacity()
+        with datapath.lock:
+            slot = ctpool.take(datapath, entries)
+            own_table = slot is None
             if own_table:
-                # No free table: insert one, outside the lock (a grace period, which
-                # concurrent ADDs wait for at the same time). The entry names the slot
-                # already, so no reaper takes the table for garbage.
-                datapath.insert_tables([slot], entries)
-            reaper.table_taken(bpf_dir)
+                slot = datapath.allocate_ct_slots(1)[0]
+            if datapath.endpoint(ifindex) is not None:
+                datapath.delete_endpoint(ifindex)  # of an earlier device with this ifindex
+            datapath.set_endpoint(
+                ifindex, Endpoint(ip=ip_be(pod_ips[0]), flags=flags, ct_slot=slot)
+            )
+            datapath.set_endpoint_ips(ifindex, pod_ips)
+            datapath.reset_stats(ifindex)
+        if own_table:
+            # No free table: insert one, outside the lock (a grace period, which
+            # concurrent ADDs wait for at the same time). The entry names the slot
+            # already, so no reaper takes the table for garbage.
+            datapath.insert_tables([slot], entries)
+        reaper.table_taken(datapath)
     except (bpf.BPFError, DatapathMissing) as err:
         raise CNIError(ERR_KERNEL, f'failed to attach the datapath to "{name}": {err}') from None
 
 
-def attach_new(ipr: Rtnl | None, ifindex: int, name: str, bpf_dir: str, tcx: bool = True) -> None:
+def attach_new(
+    datapath: Datapath, ipr: Rtnl | None, ifindex: int, name: str, tcx: bool = True
+) -> None:
     """The endpoint programs on a new veth (``ipr``: a node socket for clsact filters,
     None to open one), errors as CNI errors. ``tcx`` False: clsact filters even where
     the kernel has tcx (the datapath's "attach": "tc")."""
     try:
-        attach_programs(ipr, ifindex, name, bpf_dir, tcx=tcx)
+        attach_programs(datapath, ipr, ifindex, name, tcx=tcx)
     except bpf.BPFError as err:
         raise CNIError(ERR_KERNEL, f'failed to attach the datapath to "{name}": {err}') from None
 
 
 def attach_programs(
+    datapath: Datapath,
     ipr: Rtnl | None,
     ifindex: int,
     name: str,
-    bpf_dir: str,
     hooks: dict[str, tuple[int, str]] = HOOKS,
     *,
     tcx: bool = True,
@@ -203,12 +207,12 @@ def attach_programs(
     """The pinned programs on the device's hooks: tcx links (where the kernel has them
     and ``tcx``), else clsact filters (with ``ipr``, or a node socket of its own when
     it is None)."""
-    if tcx and _attach_links(ifindex, bpf_dir, hooks):
+    if tcx and _attach_links(ifindex, datapath, hooks):
         return
     with contextlib.ExitStack() as stack:
         if ipr is None:
             ipr = stack.enter_context(Rtnl())
-        with state_lock(bpf_dir):
+        with datapath.lock:
             with kernel_op(f'add clsact to "{name}"'):
                 try:
                     ipr.add_clsact(ifindex)
@@ -216,61 +220,76 @@ def attach_programs(
                     if err.code != errno.EEXIST:
                         raise
             with kernel_op(f'attach the datapath to "{name}"'):
-                _filters(ipr, ifindex, bpf_dir, hooks, replace=False)
+                _filters(ipr, ifindex, datapath, hooks, replace=False)
 
 
-def detach_programs(ipr: Rtnl, ifindex: int, bpf_dir: str) -> None:
+def detach_programs(datapath: Datapath, ipr: Rtnl, ifindex: int) -> None:
     """Take the programs off the veth, keeping its endpoint entry."""
-    with state_lock(bpf_dir):
-        _unpin_links(bpf_dir, ifindex, HOOKS)
+    with datapath.lock:
+        _unpin_links(datapath, ifindex, HOOKS)
     with contextlib.suppress(NetlinkError):
         ipr.delete_clsact(ifindex)
 
 
-def _unpin_links(bpf_dir: str, ifindex: int, hooks: dict[str, tuple[int, str]]) -> None:
+def _unpin_links(datapath: Datapath, ifindex: int, hooks: dict[str, tuple[int, str]]) -> None:
     for program in hooks:
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(link_path(bpf_dir, ifindex, program))
+            os.unlink(link_path(datapath.bpf_dir, ifindex, program))
 
 
-def detach(ifindex: int, bpf_dir: str) -> None:
-    """Forget the endpoint and release its links. The caller deletes the veth first,
-    so the pair is gone before its filter is. No map of maps is written: what the
-    endpoint used is left to the reaper."""
+def detach(datapath: Datapath, ifindex: int, ips: list[str] | None = None) -> None:
+    """Forget the endpoint and release its links (``ips``: its addresses, if the
+    caller knows them: see ``Datapath.delete_endpoint``). The caller deletes the veth
+    first, so the pair is gone before its filter is. No map of maps is written: what
+    the endpoint used is left to the reaper."""
     try:
-        with Datapath(bpf_dir) as datapath:
-            with state_lock(bpf_dir):
-                _unpin_links(bpf_dir, ifindex, HOOKS)
-                datapath.delete_endpoint(ifindex)
-            reaper.after_release(datapath)
+        with datapath.lock:
+            _unpin_links(datapath, ifindex, HOOKS)
+            datapath.delete_endpoint(ifindex, ips)
+        reaper.after_release(datapath)
     except DatapathMissing:
-        with state_lock(bpf_dir):
-            _unpin_links(bpf_dir, ifindex, HOOKS)  # nothing was ever loaded here
+        with datapath.lock:
+            _unpin_links(datapath, ifindex, HOOKS)  # nothing was ever loaded here
 
 
-def forget(ifindex: int, bpf_dir: str) -> None:
+def forget(datapath: Datapath, ifindex: int, ips: list[str] | None = None) -> None:
     """Forget the endpoint but keep its links (``release_links`` after the veth is
     deleted): with no entry its programs drop every packet, so the caller must have
-    cut the pair off (taken it down) or deleted it first."""
+    cut the pair off (taken it down) or deleted it first. ``ips`` as for ``detach``."""
     try:
-        with Datapath(bpf_dir) as datapath:
-            datapath.delete_endpoint(ifindex)
-            reaper.after_release(datapath)
+        datapath.delete_endpoint(ifindex, ips)
+        reaper.after_release(datapath)
     except DatapathMissing:
         pass
 
 
-def release_links(ifindex: int, bpf_dir: str) -> None:
+def forget_gone(datapath: Datapath, ips: list[str]) -> None:
+    """Detach the endpoints registered for ``ips`` whose veth is gone (a DEL that
+    finds no veth: its ifindex is known only to the maps)."""
+    owners: set[int] = set()
+    try:
+        for ip in ips:
+            owner = datapath.endpoint_of(ip)
+            if owner is not None:
+                owners.add(owner)
+    except DatapathMissing:
+        return
+    for ifindex in sorted(owners):
+        if not is_live(ifindex):
+            detach(datapath, ifindex, ips)
+
+
+def release_links(datapath: Datapath, ifindex: int) -> None:
     """Unpin the links of a veth that is gone (a live one would make the kernel wait
     for a grace period, holding the RTNL lock, to take each program off)."""
-    with state_lock(bpf_dir):
-        _unpin_links(bpf_dir, ifindex, HOOKS)
+    with datapath.lock:
+        _unpin_links(datapath, ifindex, HOOKS)
 
 
 # -- uplinks ----------------------------------------------------------------------------
 
 
-def attach_uplink(ipr: Rtnl, name: str, bpf_dir: str) -> int:
+def attach_uplink(datapath: Datapath, ipr: Rtnl, name: str) -> int:
     """Judge service flows leaving the node through ``name`` (an Ethernet device);
     return its ifindex. Idempotent."""
     ifindex = socket.if_nametoindex(name)
@@ -278,19 +297,19 @@ def attach_uplink(ipr: Rtnl, name: str, bpf_dir: str) -> int:
         if int(f.read()) != ARPHRD_ETHER:
             raise CNIError(ERR_KERNEL, f'uplink "{name}" is not an Ethernet device')
     try:
-        with state_lock(bpf_dir):
-            attach_programs(ipr, ifindex, name, bpf_dir, UPLINK_HOOKS)
+        with datapath.lock:
+            attach_programs(datapath, ipr, ifindex, name, UPLINK_HOOKS)
     except bpf.BPFError as err:
         message = f'failed to attach the uplink program to "{name}": {err}'
         raise CNIError(ERR_KERNEL, message) from None
     return ifindex
 
 
-def detach_uplink(ipr: Rtnl, name: str, bpf_dir: str) -> None:
+def detach_uplink(datapath: Datapath, ipr: Rtnl, name: str) -> None:
     ifindex = socket.if_nametoindex(name)
-    with state_lock(bpf_dir):
-        if os.path.exists(link_path(bpf_dir, ifindex, "uplink")):
-            _unpin_links(bpf_dir, ifindex, UPLINK_HOOKS)
+    with datapath.lock:
+        if os.path.exists(link_path(datapath.bpf_dir, ifindex, "uplink")):
+            _unpin_links(datapath, ifindex, UPLINK_HOOKS)
             return
     with contextlib.suppress(NetlinkError):
         ipr.delete_bpf_filter(
@@ -298,9 +317,9 @@ def detach_uplink(ipr: Rtnl, name: str, bpf_dir: str) -> None:
         )
 
 
-def uplinks(bpf_dir: str) -> list[int]:
+def uplinks(datapath: Datapath) -> list[int]:
     """ifindexes with a pinned uplink link."""
-    links_dir = os.path.join(bpf_dir, LINKS)
+    links_dir = datapath.path(LINKS)
     if not os.path.isdir(links_dir):
         return []
     return sorted(int(p.split("_", 1)[0]) for p in os.listdir(links_dir) if p.endswith("_uplink"))
@@ -309,36 +328,36 @@ def uplinks(bpf_dir: str) -> list[int]:
 # -- reload ---------------------------------------------------------------------------------
 
 
-def switch_programs(bpf_dir: str, ifindexes: list[int]) -> None:
+def switch_programs(datapath: Datapath, ifindexes: list[int]) -> None:
     """Point every endpoint (and uplink) at the programs pinned now (after a reload)."""
-    with state_lock(bpf_dir), Rtnl() as ipr:
+    with datapath.lock, Rtnl() as ipr:
         for ifindex in ifindexes:
-            if os.path.exists(link_path(bpf_dir, ifindex, "from_pod")):
+            if os.path.exists(link_path(datapath.bpf_dir, ifindex, "from_pod")):
                 try:
-                    _update_links(bpf_dir, ifindex, HOOKS)
+                    _update_links(datapath, ifindex, HOOKS)
                 except bpf.BPFError as err:
                     if err.errno != errno.ENOLINK:
                         raise
-                    detach(ifindex, bpf_dir)  # the veth is gone: nothing to switch
+                    detach(datapath, ifindex)  # the veth is gone: nothing to switch
                 continue
             try:
-                _filters(ipr, ifindex, bpf_dir, HOOKS, replace=True)
+                _filters(ipr, ifindex, datapath, HOOKS, replace=True)
             except NetlinkError as err:
                 if err.code not in (errno.ENODEV, errno.ENOENT, errno.EINVAL):
                     raise
-        for ifindex in uplinks(bpf_dir):
+        for ifindex in uplinks(datapath):
             try:
-                _update_links(bpf_dir, ifindex, UPLINK_HOOKS)
+                _update_links(datapath, ifindex, UPLINK_HOOKS)
             except bpf.BPFError as err:
                 if err.errno != errno.ENOLINK:
                     raise
-                _unpin_links(bpf_dir, ifindex, UPLINK_HOOKS)
+                _unpin_links(datapath, ifindex, UPLINK_HOOKS)
 
 
-def _update_links(bpf_dir: str, ifindex: int, hooks: dict[str, tuple[int, str]]) -> None:
+def _update_links(datapath: Datapath, ifindex: int, hooks: dict[str, tuple[int, str]]) -> None:
     for program in hooks:
-        link_fd = bpf.obj_get(link_path(bpf_dir, ifindex, program))
-        prog_fd = _program_fd(bpf_dir, program)
+        link_fd = bpf.obj_get(link_path(datapath.bpf_dir, ifindex, program))
+        prog_fd = _program_fd(datapath, program)
         try:
             bpf.link_update(link_fd, prog_fd)
         finally:
@@ -358,11 +377,11 @@ def is_live(ifindex: int) -> bool:
     return True
 
 
-def pinned_programs(bpf_dir: str) -> dict[str, int]:
+def pinned_programs(datapath: Datapath) -> dict[str, int]:
     """{program: id} of the endpoint programs pinned now."""
     ids = {}
     for program in HOOKS:
-        fd = _program_fd(bpf_dir, program)
+        fd = _program_fd(datapath, program)
         try:
             ids[program] = bpf.prog_info(fd).id
         finally:
@@ -370,12 +389,12 @@ def pinned_programs(bpf_dir: str) -> dict[str, int]:
     return ids
 
 
-def attached_programs(ipr: Rtnl, ifindex: int, bpf_dir: str) -> dict[str, int | None]:
+def attached_programs(datapath: Datapath, ipr: Rtnl, ifindex: int) -> dict[str, int | None]:
     """{program: id} of what runs on the veth: the link's program, or the clsact
     filter's (None if the kernel did not say which)."""
     found: dict[str, int | None] = {}
     for program, (attach_type, parent) in HOOKS.items():
-        path = link_path(bpf_dir, ifindex, program)
+        path = link_path(datapath.bpf_dir, ifindex, program)
         if os.path.exists(path):
             fd = bpf.obj_get(path)
             try:
@@ -396,20 +415,19 @@ def attached_programs(ipr: Rtnl, ifindex: int, bpf_dir: str) -> dict[str, int | 
     return found
 
 
-def check(ipr: Rtnl, ifindex: int, name: str, pod_ips: list[str], bpf_dir: str) -> None:
+def check(datapath: Datapath, ipr: Rtnl, ifindex: int, name: str, pod_ips: list[str]) -> None:
     """CHECK: the veth runs the pinned programs, its endpoint entry is right and every
     pod address is registered as its own."""
     try:
-        pinned = pinned_programs(bpf_dir)
-        with Datapath(bpf_dir) as datapath:
-            endpoint = datapath.endpoint(ifindex)
-            registered = datapath.endpoint_ips(ifindex)
-            tables = datapath.ct_tables()
+        pinned = pinned_programs(datapath)
+        endpoint = datapath.endpoint(ifindex)
+        registered = datapath.endpoint_ips(ifindex)
+        tables = datapath.ct_tables()
     except (bpf.BPFError, DatapathMissing) as err:
         raise CNIError(
-            ERR_CHECK_FAILED, f'the datapath in "{bpf_dir}" is not loaded: {err}'
+            ERR_CHECK_FAILED, f'the datapath in "{datapath.bpf_dir}" is not loaded: {err}'
         ) from None
-    attached = attached_programs(ipr, ifindex, bpf_dir)
+    attached = attached_programs(datapath, ipr, ifindex)
     for program, prog_id in pinned.items():
         if program not in attached:
             raise CNIError(ERR_CHECK_FAILED, f'"{name}" does not run the {program} program')
@@ -432,15 +450,15 @@ def check(ipr: Rtnl, ifindex: int, name: str, pod_ips: list[str], bpf_dir: str) 
         raise CNIError(ERR_CHECK_FAILED, f'"{name}" (ifindex {ifindex}) has no conntrack table')
 
 
-def sweep(bpf_dir: str, live: set[int] | None = None) -> int:
+def sweep(datapath: Datapath, live: set[int] | None = None) -> int:
     """Remove endpoints whose veth is gone and everything keyed by them; return how many.
 
     Under the state lock, each candidate is checked again just before it goes
     (``live`` is only a hint), so an endpoint or link a concurrent ADD has just
     created is never removed. Like DEL it writes no map of maps: the tables and
     policy ids the removed endpoints used are left to the reaper."""
-    with state_lock(bpf_dir):
-        links_dir = os.path.join(bpf_dir, LINKS)
+    with datapath.lock:
+        links_dir = datapath.path(LINKS)
         if os.path.isdir(links_dir):
             for pin in os.listdir(links_dir):
                 ifindex = int(pin.split("_", 1)[0])
@@ -448,18 +466,17 @@ def sweep(bpf_dir: str, live: set[int] | None = None) -> int:
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(os.path.join(links_dir, pin))
         try:
-            with Datapath(bpf_dir) as datapath:
-                known = datapath.endpoints()
-                gone = [i for i in known if (live is None or i not in live) and not is_live(i)]
-                for ifindex in gone:
-                    datapath.delete_endpoint(ifindex)
-                    del known[ifindex]
-                for ip, ifindex in datapath.endpoint_ips().items():
-                    if ifindex not in known:
-                        bpf.map_delete(datapath.fd("ep_by_ip"), ctypes.c_uint32(ip_be(ip)))
-                for key in list(datapath.keys("ep_stats", ctypes.c_uint32)):
-                    if key.value not in known:
-                        bpf.map_delete(datapath.fd("ep_stats"), key)
-                return len(gone)
+            known = datapath.endpoints()
+            gone = [i for i in known if (live is None or i not in live) and not is_live(i)]
+            for ifindex in gone:
+                datapath.delete_endpoint(ifindex)
+                del known[ifindex]
+            for ip, ifindex in datapath.endpoint_ips().items():
+                if ifindex not in known:
+                    bpf.map_delete(datapath.fd("ep_by_ip"), ctypes.c_uint32(ip_be(ip)))
+            for key in list(datapath.keys("ep_stats", ctypes.c_uint32)):
+                if key.value not in known:
+                    bpf.map_delete(datapath.fd("ep_stats"), key)
+            return len(gone)
         except DatapathMissing:
             return 0

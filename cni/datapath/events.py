@@ -4,6 +4,10 @@ The ring buffer is mapped as the kernel lays it out: one read-write page
 holding the consumer position, then a read-only page holding the producer
 position followed by the data area, mapped twice in a row so that a record
 that wraps around can be read in one piece.
+
+A record is ``struct sl_event`` and the frame's EtherType
+(``struct sl_event_record``, bpf/verdict.h): a drop of a frame that is not
+IPv4 (IPv6, ARP, a VLAN tag) carries no addresses or ports, only that.
 """
 
 from __future__ import annotations
@@ -23,6 +27,32 @@ BUSY = 1 << 31
 DISCARD = 1 << 30
 HEADER = 8
 PROTOCOL_NAMES = {0: "-", 1: "icmp", 6: "tcp", 17: "udp", 132: "sctp"}
+ETH_P_IP = 0x0800
+ETHERTYPE_NAMES = {
+    ETH_P_IP: "IPv4",
+    0x0806: "ARP",
+    0x8035: "RARP",
+    0x86DD: "IPv6",
+    0x8100: "VLAN",
+    0x88A8: "QinQ",
+    0x8863: "PPPoE-discovery",
+    0x8864: "PPPoE",
+    0x8847: "MPLS",
+    0x88CC: "LLDP",
+    0x88E5: "MACsec",
+}
+
+
+class EventRecord(ctypes.Structure):
+    """``struct sl_event_record`` of bpf/verdict.h."""
+
+    _fields_ = [("ev", Event), ("ethertype", ctypes.c_uint16), ("pad", ctypes.c_uint16 * 3)]
+
+
+def ethertype_name(ethertype: int) -> str:
+    """ "IPv6 (0x86dd)"; the number alone for a type without a name here."""
+    name = ETHERTYPE_NAMES.get(ethertype)
+    return f"{name} (0x{ethertype:04x})" if name else f"0x{ethertype:04x}"
 
 
 @dataclass(frozen=True)
@@ -36,10 +66,18 @@ class DenyEvent:
     destination: str
     sport: int
     dport: int
+    ethertype: int = ETH_P_IP  # of the frame; only an IPv4 packet has the fields above
+
+    @property
+    def ipv4(self) -> bool:
+        return self.ethertype == ETH_P_IP
 
     @classmethod
     def decode(cls, raw: bytes) -> DenyEvent:
         ev = Event.from_buffer_copy(raw[: ctypes.sizeof(Event)])
+        ethertype = ETH_P_IP  # a record of programs older than the EtherType
+        if len(raw) >= ctypes.sizeof(EventRecord):
+            ethertype = port_host(EventRecord.from_buffer_copy(raw).ethertype)
         return cls(
             timestamp_ns=ev.timestamp,
             ifindex=ev.ifindex,
@@ -50,6 +88,7 @@ class DenyEvent:
             destination=ip_str(ev.daddr),
             sport=port_host(ev.sport),
             dport=port_host(ev.dport),
+            ethertype=ethertype,
         )
 
 

@@ -32,7 +32,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from cni.datapath import bpf
-from cni.datapath.lock import state_lock
 from cni.datapath.maps import MAPS, PROGRAMS, Datapath, DatapathMismatch
 from cni.datapath.settings import DatapathSettings
 from cni.spec.errors import ERR_KERNEL, CNIError
@@ -102,11 +101,11 @@ def ensure_bpffs() -> None:
 
 
 @contextmanager
-def load_lock(bpf_dir: str) -> Iterator[None]:
-    """The datapath's state lock, with bpffs mounted first."""
+def load_lock(bpf_dir: str) -> Iterator[Datapath]:
+    """A handle on the datapath with its state lock held, bpffs mounted first."""
     ensure_bpffs()
-    with state_lock(bpf_dir):
-        yield
+    with Datapath(bpf_dir) as datapath, datapath.lock:
+        yield datapath
 
 
 def _marker(bpf_dir: str, kind: str, digest: str) -> str:
@@ -140,12 +139,11 @@ def ensure_loaded(bpf_dir: str, settings: DatapathSettings | None = None) -> boo
     with Datapath(bpf_dir) as datapath:
         if datapath.is_loaded():
             return False
-    with load_lock(bpf_dir):
-        with Datapath(bpf_dir) as datapath:
-            if datapath.is_loaded():  # another process compiled it meanwhile
-                return False
+    with load_lock(bpf_dir) as datapath:
+        if datapath.is_loaded():  # another process compiled it meanwhile
+            return False
         _refuse_other_layout(bpf_dir, settings)
-        _load(bpf_dir, settings or DatapathSettings())
+        _load(datapath, settings or DatapathSettings())
     return True
 
 
@@ -162,16 +160,15 @@ def load(
     anew; its endpoints keep their links, now to the new programs, and drop
     every packet until they are registered again (fail closed)."""
     settings = settings or DatapathSettings()
-    with load_lock(bpf_dir):
+    with load_lock(bpf_dir) as datapath:
         stale: list[int] = []
         if replace and pinned_layout(bpf_dir) not in (None, layout_hash(settings)):
             stale = _unpin_all(bpf_dir)
         _refuse_other_layout(bpf_dir, settings)
         if is_current(bpf_dir, settings) and not force:
-            with Datapath(bpf_dir) as datapath:
-                datapath.set_config(**settings.config_fields())
+            datapath.set_config(**settings.config_fields())
             return False
-        _load(bpf_dir, settings, stale)
+        _load(datapath, settings, stale)
     return True
 
 
@@ -206,7 +203,9 @@ def _unpin_all(bpf_dir: str) -> list[int]:
     return kept
 
 
-def _load(bpf_dir: str, settings: DatapathSettings, stale: list[int] | None = None) -> None:
+def _load(datapath: Datapath, settings: DatapathSettings, stale: list[int] | None = None) -> None:
+    """Compile and pin into ``datapath`` (its lock held; no map of it opened yet)."""
+    bpf_dir = datapath.bpf_dir
     started = time.monotonic()
     try:
         from bcc import BPF
@@ -230,9 +229,8 @@ def _load(bpf_dir: str, settings: DatapathSettings, stale: list[int] | None = No
         ) from None
     try:
         # Config and markers first: the programs' pins are what an ADD looks for.
-        with Datapath(bpf_dir) as datapath:
-            datapath.set_config(**settings.config_fields())
-            endpoints = list(datapath.endpoints())
+        datapath.set_config(**settings.config_fields())
+        endpoints = list(datapath.endpoints())
         _pin_markers(bpf_dir, settings)
         for name, function in functions.items():
             # Pin beside, then rename over the old pin: never a moment without one.
@@ -247,7 +245,7 @@ def _load(bpf_dir: str, settings: DatapathSettings, stale: list[int] | None = No
     if switched or os.path.isdir(os.path.join(bpf_dir, "links")):
         from cni.datapath.endpoint import switch_programs
 
-        switch_programs(bpf_dir, switched)
+        switch_programs(datapath, switched)
     log.info(
         "datapath compiled and pinned in %s (%.1f s, %d endpoints switched)",
         bpf_dir,

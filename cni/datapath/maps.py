@@ -2,6 +2,11 @@
 
 Every map lives under the network's ``bpfDir``; the programs and every
 process that programs them (the plugin, sluicectl, the agent) share them.
+An open ``Datapath`` is the handle to one of them: it owns the maps' file
+descriptors, the state lock (``datapath.lock``: cni.datapath.lock) and, in a
+long-lived process, the reaper thread that cleans up after it
+(``datapath.reaper``: cni.datapath.reaper). A process opens one per bpfDir and
+passes it to whatever works on that datapath.
 A map is checked when opened: a pinned map whose key or value size is not
 this build's (a datapath pinned by an older sluice) is refused with
 DatapathMismatch, never used with the wrong sizes.
@@ -15,11 +20,12 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 from collections.abc import Iterable, Iterator
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from cni.datapath import bpf, rcu
-from cni.datapath.lock import state_lock
+from cni.datapath.lock import StateLock
 from cni.datapath.structs import (
     DIRECTIONS,
     NONE,
@@ -83,12 +89,23 @@ class TableFill(NamedTuple):
         return max(0, self.created - self.removed - self.entries)
 
 
+class Kickable(Protocol):
+    """A reaper thread, as the writers that wake it see it."""
+
+    def kick(self, full: bool = False) -> None: ...
+
+
 class Datapath:
-    """Open pinned maps lazily; close with ``close()`` or ``with``."""
+    """The datapath pinned under ``bpf_dir``: its maps (opened lazily, shared by the
+    process's threads), its state lock, and the reaper thread of this process if it
+    runs one. Close with ``close()`` or ``with``."""
 
     def __init__(self, bpf_dir: str) -> None:
         self.bpf_dir = bpf_dir
+        self.lock = StateLock(bpf_dir)
+        self.reaper: Kickable | None = None  # set by the Reaper thread while it runs
         self._fds: dict[str, int] = {}
+        self._opening = threading.Lock()
 
     def __enter__(self) -> Datapath:
         return self
@@ -97,15 +114,21 @@ class Datapath:
         self.close()
 
     def close(self) -> None:
-        for fd in self._fds.values():
+        with self._opening:
+            fds, self._fds = self._fds, {}
+        for fd in fds.values():
             os.close(fd)
-        self._fds.clear()
 
     def path(self, name: str) -> str:
         return os.path.join(self.bpf_dir, name)
 
     def fd(self, name: str) -> int:
-        if name not in self._fds:
+        fd = self._fds.get(name)
+        if fd is not None:
+            return fd
+        with self._opening:
+            if name in self._fds:
+                return self._fds[name]
             try:
                 fd = bpf.obj_get(self.path(name))
             except bpf.BPFError as err:
@@ -122,7 +145,7 @@ class Datapath:
                         "(sluicectl datapath load --replace)"
                     )
             self._fds[name] = fd
-        return self._fds[name]
+            return fd
 
     def is_loaded(self) -> bool:
         return all(os.path.exists(self.path(name)) for name in (*PROGRAMS, *MAPS))
@@ -161,19 +184,36 @@ class Datapath:
         found = bpf.map_lookup_batch(self.fd("ep_by_ip"), ctypes.c_uint32, ctypes.c_uint32)
         return {ip_str(key): owner for key, owner in found if ifindex in (None, owner)}
 
+    def endpoint_of(self, ip: str) -> int | None:
+        """The ifindex that registered ``ip`` as its own, if one did."""
+        owner = ctypes.c_uint32()
+        found = bpf.map_lookup(self.fd("ep_by_ip"), ctypes.c_uint32(ip_be(ip)), owner)
+        return owner.value if found else None
+
     def reset_stats(self, ifindex: int) -> None:
         bpf.map_update(self.fd("ep_stats"), ctypes.c_uint32(ifindex), EpStats())
 
-    def delete_endpoint(self, ifindex: int) -> Endpoint | None:
+    def delete_endpoint(self, ifindex: int, ips: Iterable[str] | None = None) -> Endpoint | None:
         """Remove an endpoint and everything keyed by it (its entry, addresses and
         stats); return the entry it had. Its conntrack table is given back (dirty) and
         its policy references are released: no map of maps is written, so no grace
-        period is waited for; the reaper deletes or refills what nobody uses."""
-        with state_lock(self.bpf_dir):
+        period is waited for; the reaper deletes or refills what nobody uses.
+
+        ``ips``: the endpoint's addresses as the caller knows them (DEL: the node's
+        routes to it), each removed if it is still this endpoint's; then only the
+        entry's own address is looked up besides, not every endpoint's (a DEL's cost
+        stays the same however many pods the node has). An address the caller did
+        not know stays until GC's sweep. None: every address found in the map."""
+        with self.lock:
             endpoint = self.endpoint(ifindex)
             bpf.map_delete(self.fd("endpoints"), ctypes.c_uint32(ifindex))
-            for ip in self.endpoint_ips(ifindex):
-                bpf.map_delete(self.fd("ep_by_ip"), ctypes.c_uint32(ip_be(ip)))
+            if ips is None:
+                owned = list(self.endpoint_ips(ifindex))
+            else:
+                owned = [*ips, *([ip_str(endpoint.ip)] if endpoint is not None else [])]
+            for ip in dict.fromkeys(owned):
+                if self.endpoint_of(ip) == ifindex:
+                    bpf.map_delete(self.fd("ep_by_ip"), ctypes.c_uint32(ip_be(ip)))
             bpf.map_delete(self.fd("ep_stats"), ctypes.c_uint32(ifindex))
             if endpoint is not None:
                 self.release(endpoint)
@@ -197,7 +237,7 @@ class Datapath:
 
     def _allocate(self, counter: str, count: int) -> list[int]:
         """``count`` ids of a ledger counter that no writer has ever used (0 means none)."""
-        with state_lock(self.bpf_dir):
+        with self.lock:
             value = self.ledger()
             first = max(1, getattr(value, counter))
             setattr(value, counter, first + count)
@@ -213,14 +253,14 @@ class Datapath:
     def count_releases(self, tables: int = 0, policies: int = 0) -> None:
         if not (tables or policies):
             return
-        with state_lock(self.bpf_dir):
+        with self.lock:
             value = self.ledger()
             value.released_tables += tables
             value.released_policies += policies
             bpf.map_update(self.fd("ledger"), ctypes.c_uint32(0), value)
 
     def reset_releases(self) -> None:
-        with state_lock(self.bpf_dir):
+        with self.lock:
             value = self.ledger()
             value.released_tables = value.released_policies = 0
             bpf.map_update(self.fd("ledger"), ctypes.c_uint32(0), value)
@@ -336,7 +376,7 @@ class Datapath:
     def create_ct_table(self, ifindex: int, entries: int | None = None) -> None:
         """A new, empty conntrack table for the endpoint (replacing any it had; one grace
         period). An endpoint without a slot gets one of its own first."""
-        with state_lock(self.bpf_dir):
+        with self.lock:
             endpoint = self.endpoint(ifindex)
             if endpoint is None:
                 raise DatapathMissing(f"ifindex {ifindex} is not an endpoint")

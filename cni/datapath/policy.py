@@ -29,7 +29,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from cni.datapath import policies, reaper
-from cni.datapath.lock import state_lock
 from cni.datapath.maps import Datapath
 from cni.datapath.policies import PolicyRegistry
 from cni.datapath.ruleset import (
@@ -105,7 +104,7 @@ def install_many(
     generations: dict[int, int] = {}
     missing: dict[int, PolicyError] = {}
     try:
-        with state_lock(datapath.bpf_dir):
+        with datapath.lock:
             ids = policies.resolve_ids(datapath, registry, contents, built)
             released = 0
             for ifindex, (egress, ingress) in digests.items():

@@ -26,10 +26,11 @@ installed under it too. Reapers run one at a time (a flock on
 ``<bpfDir>/reaper``, held for the pass, not the state lock), so two never
 refill the same slot; a reaper that dies midway leaves its work to the next.
 
-Who reaps: the agent runs a ``Reaper`` thread (after every release, and a
-full pass now and then); a process without one (the plugin in-process,
-sluicectl, tests) reaps when the ledger's release counts pass a threshold,
-and GC does a full pass. So garbage never fills a map: the outer maps are
+Who reaps: the agent runs a ``Reaper`` thread on its datapath handle (after
+every release, and a full pass now and then); while it runs, the handle
+names it (``datapath.reaper``), and writers kick it. A process without one
+(the plugin in-process, sluicectl, tests) reaps when the ledger's release
+counts pass a threshold, and GC does a full pass. So garbage never fills a map: the outer maps are
 sized with room for it (bpf/maps.h).
 """
 
@@ -43,7 +44,6 @@ import time
 from collections.abc import Callable, Iterator
 
 from cni.datapath import ctpool, rcu
-from cni.datapath.lock import state_lock
 from cni.datapath.maps import Datapath
 from cni.datapath.structs import NONE
 from cni.spec.log import logger
@@ -127,7 +127,7 @@ def reap(
 
 def _pass(datapath: Datapath, pool: int, stock: bool, full: bool) -> Reaped:
     entries = datapath.ct_capacity()
-    with state_lock(datapath.bpf_dir):
+    with datapath.lock:
         endpoints = datapath.endpoints().values()
         used_slots = {ep.ct_slot for ep in endpoints}
         used_ids = {ep.egress_policy for ep in endpoints} | {ep.ingress_policy for ep in endpoints}
@@ -165,7 +165,7 @@ def _pass(datapath: Datapath, pool: int, stock: bool, full: bool) -> Reaped:
         _grace(datapath)
     if refill or added:
         datapath.insert_tables(refill + added, entries)
-        with state_lock(datapath.bpf_dir):
+        with datapath.lock:
             ctpool.mark_free(datapath, refill + added, entries)
         reaped.refilled, reaped.added = len(refill), len(added)
     if delete or doomed:
@@ -173,7 +173,7 @@ def _pass(datapath: Datapath, pool: int, stock: bool, full: bool) -> Reaped:
             [lambda slot=slot: datapath.delete_table(slot) for slot in delete]
             + [lambda pid=pid: datapath.delete_policy(pid) for pid in doomed]
         )
-        with state_lock(datapath.bpf_dir):
+        with datapath.lock:
             ctpool.unmark(datapath, delete)
         reaped.tables_deleted, reaped.policies_deleted = len(delete), len(doomed)
     return reaped
@@ -203,15 +203,11 @@ def _in_parallel(calls: list[Callable[[], object]]) -> None:
 
 # -- who reaps ------------------------------------------------------------------------------
 
-_guard = threading.Lock()
-_threads: dict[str, Reaper] = {}  # bpf_dir -> the reaper thread of this process
-
 
 def after_release(datapath: Datapath) -> None:
-    """Something was given back: wake this process's reaper thread, or, without one,
+    """Something was given back: wake the handle's reaper thread, or, without one,
     reap now if the ledger says enough has piled up (and no other reaper is at work)."""
-    with _guard:
-        thread = _threads.get(datapath.bpf_dir)
+    thread = datapath.reaper
     if thread is not None:
         thread.kick()
         return
@@ -220,18 +216,16 @@ def after_release(datapath: Datapath) -> None:
         reap(datapath, block=False)
 
 
-def table_taken(bpf_dir: str) -> None:
-    """A free table was handed out: let this process's reaper thread refill the pool."""
-    with _guard:
-        thread = _threads.get(bpf_dir)
+def table_taken(datapath: Datapath) -> None:
+    """A free table was handed out: let the handle's reaper thread refill the pool."""
+    thread = datapath.reaper
     if thread is not None:
         thread.kick()
 
 
 def collect(datapath: Datapath) -> Reaped | None:
-    """GC's part: a full pass, by this process's reaper thread if it has one."""
-    with _guard:
-        thread = _threads.get(datapath.bpf_dir)
+    """GC's part: a full pass, by the handle's reaper thread if it has one."""
+    thread = datapath.reaper
     if thread is not None:
         thread.kick(full=True)
         return None
@@ -239,11 +233,11 @@ def collect(datapath: Datapath) -> Reaped | None:
 
 
 class Reaper:
-    """A thread that reaps after every release and keeps ``pool`` empty tables ready
-    (the agent runs one for its lifetime)."""
+    """A thread that reaps after every release on ``datapath`` and keeps ``pool``
+    empty tables ready (the agent runs one for its lifetime)."""
 
-    def __init__(self, bpf_dir: str, pool: int = POOL_TARGET) -> None:
-        self.bpf_dir = bpf_dir
+    def __init__(self, datapath: Datapath, pool: int = POOL_TARGET) -> None:
+        self.datapath = datapath
         self.pool = pool
         self._wake = threading.Event()
         self._stopping = False
@@ -251,14 +245,14 @@ class Reaper:
         self._thread = threading.Thread(target=self._run, name="reaper", daemon=True)
 
     def start(self) -> None:
-        with _guard:
-            _threads[self.bpf_dir] = self
+        if self.datapath.reaper is not None:
+            raise RuntimeError(f'the datapath in "{self.datapath.bpf_dir}" has a reaper already')
+        self.datapath.reaper = self
         self._thread.start()
 
     def stop(self) -> None:
-        with _guard:
-            if _threads.get(self.bpf_dir) is self:
-                del _threads[self.bpf_dir]
+        if self.datapath.reaper is self:
+            self.datapath.reaper = None
         self._stopping = True
         self._wake.set()
         self._thread.join(timeout=30)
@@ -269,22 +263,22 @@ class Reaper:
 
     def _run(self) -> None:
         last_full = 0.0
-        with Datapath(self.bpf_dir) as datapath:
-            while not self._stopping:
-                self._wake.clear()
-                full = self._full or time.monotonic() - last_full > FULL_SECONDS
-                try:
-                    if full or self._due(datapath):
-                        self._full = False
-                        reaped = reap(datapath, self.pool, stock=True, full=full)
-                        if full:
-                            last_full = time.monotonic()
-                        if reaped:
-                            log.debug("reaper: %s", reaped)
-                except Exception:  # keep going: the next pass picks up what this one left
-                    log.exception("reaper pass failed")
-                    time.sleep(1)
-                self._wake.wait(POLL_SECONDS)
+        datapath = self.datapath
+        while not self._stopping:
+            self._wake.clear()
+            full = self._full or time.monotonic() - last_full > FULL_SECONDS
+            try:
+                if full or self._due(datapath):
+                    self._full = False
+                    reaped = reap(datapath, self.pool, stock=True, full=full)
+                    if full:
+                        last_full = time.monotonic()
+                    if reaped:
+                        log.debug("reaper: %s", reaped)
+            except Exception:  # keep going: the next pass picks up what this one left
+                log.exception("reaper pass failed")
+                time.sleep(1)
+            self._wake.wait(POLL_SECONDS)
 
     def _due(self, datapath: Datapath) -> bool:
         ledger = datapath.ledger()

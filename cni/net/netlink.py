@@ -1,7 +1,8 @@
 """Netlink sockets for the node and for a pod, and error wrapping.
 
-The sockets are ``Rtnl`` (cni/net/rtnl.py): the messages sluice needs, packed
-by ``cni.net.rtmsg``, on a plain synchronous socket; pyroute2 serves the rest.
+The sockets are ``Rtnl`` (cni/net/rtnl.py): every message sluice sends, packed
+by ``cni.net.rtmsg``, on a plain synchronous socket (rtnl.py says why not
+pyroute2's, with the figures).
 """
 
 from __future__ import annotations

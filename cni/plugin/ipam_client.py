@@ -43,17 +43,19 @@ class IPAM(Protocol):
     def gc(self, valid: set[tuple[str, str]]) -> None: ...
 
 
-def client(conf: IPAMConf, cni_version: str) -> IPAM:
-    """The network's IPAM; use it in a ``with`` block (the store stays open in it)."""
+def client(conf: IPAMConf, cni_version: str, kept: KeptAllocators | None = None) -> IPAM:
+    """The network's IPAM; use it in a ``with`` block (the store stays open in it).
+    ``kept``: the open allocators of a long-lived process, to borrow from."""
     if isinstance(conf, DelegatedIPAM):
         return DelegatedClient(conf, cni_version)
-    return BuiltinClient(conf, cni_version)
+    return BuiltinClient(conf, cni_version, kept)
 
 
 class KeptAllocators:
-    """Open allocators a long-lived process (the agent) reuses: opening the store
-    costs more than most of what a call then does with it. Each is lent to one
-    client at a time, and may go from thread to thread."""
+    """Open allocators a long-lived process (the agent, which holds one of these for
+    its life and hands it to the verbs) reuses: opening the store costs more than
+    most of what a call then does with it. Each is lent to one client at a time,
+    and may go from thread to thread."""
 
     def __init__(self) -> None:
         self._idle: dict[NodeCIDRConfig | PrefixConfig, list[Allocator]] = {}
@@ -78,17 +80,6 @@ class KeptAllocators:
                 allocator.close()
 
 
-_kept: KeptAllocators | None = None
-
-
-def keep_allocators_open() -> KeptAllocators:
-    """From now on, this process's built-in clients reuse open allocators."""
-    global _kept
-    if _kept is None:
-        _kept = KeptAllocators()
-    return _kept
-
-
 @contextmanager
 def cni_errors() -> Iterator[None]:
     try:
@@ -98,9 +89,15 @@ def cni_errors() -> Iterator[None]:
 
 
 class BuiltinClient:
-    def __init__(self, config: NodeCIDRConfig | PrefixConfig, cni_version: str) -> None:
+    def __init__(
+        self,
+        config: NodeCIDRConfig | PrefixConfig,
+        cni_version: str,
+        kept: KeptAllocators | None = None,
+    ) -> None:
         self.config = config
         self.cni_version = cni_version
+        self.kept = kept
         self._open: Allocator | None = None
 
     def __enter__(self) -> BuiltinClient:
@@ -108,8 +105,8 @@ class BuiltinClient:
 
     def __exit__(self, *exc: object) -> None:
         if self._open is not None:
-            if _kept is not None and exc[0] is None:
-                _kept.give(self.config, self._open)
+            if self.kept is not None and exc[0] is None:
+                self.kept.give(self.config, self._open)
             else:  # after a failure, a fresh one next time
                 self._open.close()
             self._open = None
@@ -118,7 +115,8 @@ class BuiltinClient:
     def _allocator(self) -> Iterator[Allocator]:
         with cni_errors():
             if self._open is None:
-                self._open = _kept.take(self.config) if _kept else open_allocator(self.config)
+                kept = self.kept
+                self._open = kept.take(self.config) if kept else open_allocator(self.config)
             yield self._open
 
     def add(self, attachment: Attachment) -> tuple[Result, bool]:

@@ -10,7 +10,8 @@ traffic on a node also goes through the node, keeping its source address.
 The node-side veth has no address; traffic from the node to a pod leaves
 with the node's own address.
 
-Everything here takes plain values (names, addresses, route specs).
+Everything here takes plain values (names, addresses, route specs) and the
+open datapath handle of the caller's process.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from cni.datapath import endpoint
+from cni.datapath.maps import Datapath
 from cni.net import addr, link, route
 from cni.net.netlink import Rtnl
 from cni.net.route import RouteSpec
@@ -58,7 +60,7 @@ def create_pair(
     pair: VethPair,
     mtu: int,
     pod_mac: str | None,
-    bpf_dir: str,
+    datapath: Datapath,
     tcx: bool = True,
 ) -> tuple[int, Attaching]:
     """Create the pair, both ends down, and start attaching the programs to its node
@@ -72,7 +74,7 @@ def create_pair(
     # Before the attach: the kernel takes the RTNL lock for disable_ipv6 by trylock,
     # restarting the write in a busy loop while an attach holds it.
     endpoint.no_ipv6_from_pod(pair.node_veth)
-    return node_index, Attaching(node_index, pair.node_veth, bpf_dir, tcx)
+    return node_index, Attaching(datapath, node_index, pair.node_veth, tcx)
 
 
 class Attaching:
@@ -81,19 +83,19 @@ class Attaching:
     11 ms, holding the RTNL lock), time in which ADD allocates the address,
     registers the endpoint and installs its policy. ``wait`` before the pair goes up."""
 
-    def __init__(self, ifindex: int, name: str, bpf_dir: str, tcx: bool = True) -> None:
+    def __init__(self, datapath: Datapath, ifindex: int, name: str, tcx: bool = True) -> None:
         self.error: BaseException | None = None
         self._thread = threading.Thread(
             target=self._run,
-            args=(ifindex, name, bpf_dir, tcx),
+            args=(datapath, ifindex, name, tcx),
             name=f"attach-{name}",
             daemon=True,
         )
         self._thread.start()
 
-    def _run(self, ifindex: int, name: str, bpf_dir: str, tcx: bool) -> None:
+    def _run(self, datapath: Datapath, ifindex: int, name: str, tcx: bool) -> None:
         try:
-            endpoint.attach_new(None, ifindex, name, bpf_dir, tcx)
+            endpoint.attach_new(datapath, None, ifindex, name, tcx)
         except BaseException as err:  # handed to wait()
             self.error = err
 
@@ -111,7 +113,7 @@ def wire(
     pair: VethPair,
     addresses: list[str],
     routes: list[RouteSpec],
-    bpf_dir: str,
+    datapath: Datapath,
     attaching: Attaching,
     before_up: Callable[[int], None] | None = None,
 ) -> tuple[link.Link, link.Link]:
@@ -124,7 +126,7 @@ def wire(
     """
     ifname = pair.pod_ifname
     pod_ips = [str(ipaddress.ip_interface(cidr).ip) for cidr in addresses]
-    endpoint.register(node_index, pair.node_veth, pod_ips, bpf_dir)
+    endpoint.register(datapath, node_index, pair.node_veth, pod_ips)
     if before_up is not None:
         before_up(node_index)
     pod_link = link.get_link(pod, ifname)
@@ -161,19 +163,27 @@ def routed_alias(node: Rtnl, ip: str) -> str | None:
     return found.alias if found else None
 
 
-def unwire(node: Rtnl, node_veth: link.Link | None, bpf_dir: str) -> None:
+def unwire(
+    node: Rtnl, node_veth: link.Link | None, datapath: Datapath, ips: list[str] | None = None
+) -> None:
     """Delete the pair (the pod end goes with it), then forget the endpoint, so the
-    pair is never up and unfiltered."""
+    pair is never up and unfiltered (``ips``: its addresses, if known)."""
     if node_veth is None:
-        # Deleted behind our back: its ifindex is unknown, so drop every endpoint
-        # whose veth no longer exists.
-        endpoint.sweep(bpf_dir, endpoint.live_ifindexes())
+        # Deleted behind our back: its ifindex is unknown. The endpoints that the
+        # pod's addresses still name go if their veth is gone; knowing no address,
+        # every endpoint whose veth no longer exists does.
+        if ips:
+            endpoint.forget_gone(datapath, ips)
+        else:
+            endpoint.sweep(datapath, endpoint.live_ifindexes())
         return
     link.delete_link(node, node_veth.name)
-    endpoint.detach(node_veth.index, bpf_dir)
+    endpoint.detach(datapath, node_veth.index, ips)
 
 
-def cut_off(node: Rtnl, node_veth: link.Link, bpf_dir: str) -> Callable[[], None]:
+def cut_off(
+    node: Rtnl, node_veth: link.Link, datapath: Datapath, ips: list[str]
+) -> Callable[[], None]:
     """Take the pair out of service now and return what deletes it.
 
     Deleting a veth makes the caller wait for the kernel's RCU callbacks (20 to
@@ -182,14 +192,14 @@ def cut_off(node: Rtnl, node_veth: link.Link, bpf_dir: str) -> Callable[[], None
     are up) and makes the kernel drop the node's routes through it at once, and
     without its endpoint entry the programs drop anything left. The returned
     function deletes the veth (by ifindex, so never a newer one of the same
-    name), then releases its links."""
+    name), then releases its links. ``ips``: the addresses the node routes to it."""
     link.set_down(node, node_veth.index, node_veth.name)
-    endpoint.forget(node_veth.index, bpf_dir)
+    endpoint.forget(datapath, node_veth.index, ips)
 
     def finish() -> None:
         with Rtnl() as rtnl:
             link.delete_link_index(rtnl, node_veth.index, node_veth.name)
-        endpoint.release_links(node_veth.index, bpf_dir)
+        endpoint.release_links(datapath, node_veth.index)
 
     return finish
 

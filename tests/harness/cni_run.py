@@ -230,7 +230,7 @@ def ping(path: str | None, address: str, count: int = 1) -> bool:
 def leftover_links(network_prefix: str) -> list[str]:
     with node_socket() as ipr:
         found = []
-        for msg in ipr.link("dump"):
+        for msg in ipr.dump_links():
             owner = parse_alias(msg.get("IFLA_IFALIAS"))
             if owner and owner[0].startswith(network_prefix):
                 found.append(msg.get("IFLA_IFNAME"))

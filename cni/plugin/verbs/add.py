@@ -45,9 +45,15 @@ def run(request: Request) -> dict[str, Any]:
     conf = load_conf(request)
     require_standalone(conf)
     stop = StopRequest()
-    result = add(
-        conf, request.attachment, prev_result(request), requested_mac(request), stop=stop.check
-    )
+    with Datapath(conf.bpf_dir) as datapath:
+        result = add(
+            conf,
+            request.attachment,
+            prev_result(request),
+            requested_mac(request),
+            datapath=datapath,
+            stop=stop.check,
+        )
     stop.ignore()  # the pod is wired: finish and report it
     return result.to_json(request.cni_version)
 
@@ -58,28 +64,31 @@ def add(
     prev: Result | None = None,
     mac: str | None = None,
     *,
+    datapath: Datapath,
+    allocators: ipam_client.KeptAllocators | None = None,
     stop: Callable[[], None] = lambda: None,
     before_up: BeforeUp | None = None,
 ) -> Result:
     """Wire the attachment and return its result chained onto ``prev``.
 
-    ``stop`` is called between steps and may raise to abort (everything done
-    so far is undone).
+    ``datapath``: the process's handle on the network's datapath; ``allocators``:
+    the IPAM allocators a long-lived caller keeps open. ``stop`` is called between
+    steps and may raise to abort (everything done so far is undone).
     """
     with (
         open_pod_netns(attachment.netns) as netns,
         node_socket() as node,
         pod_socket(netns) as pod,
-        ipam_client.client(conf.ipam, conf.cni_version) as ipam,
+        ipam_client.client(conf.ipam, conf.cni_version, allocators) as ipam,
     ):
         if link.get_link(pod, attachment.ifname) is not None:
             raise CNIError(
                 ERR_INVALID_ENV,
                 f'interface "{attachment.ifname}" already exists in netns "{attachment.netns}"',
             )
-        remove_leftover_veth(node, conf, attachment)
+        remove_leftover_veth(node, conf, attachment, datapath)
         mtu = conf.mtu or link.default_route_mtu(node) or wiring.DEFAULT_MTU
-        ensure_datapath(conf)
+        ensure_datapath(conf, datapath)
         stop()
         pair = wiring.VethPair(attachment.node_veth, attachment.alias, attachment.ifname)
         allocated = False
@@ -90,7 +99,7 @@ def add(
             # while the address is allocated and the policy installed; it stays down
             # until all of that is done.
             node_index, attaching = wiring.create_pair(
-                node, pod, netns.fd, pair, mtu, mac, conf.bpf_dir, conf.datapath.attach == "tcx"
+                node, pod, netns.fd, pair, mtu, mac, datapath, conf.datapath.attach == "tcx"
             )
             ipam_result, allocated = ipam.add(attachment)
             stop()
@@ -105,14 +114,14 @@ def add(
             if before_up is not None:
                 hook = lambda ifindex: before_up(ifindex, ips)  # noqa: E731
             node_link, pod_link = wiring.wire(
-                node, pod, node_index, pair, addresses, routes, conf.bpf_dir, attaching, hook
+                node, pod, node_index, pair, addresses, routes, datapath, attaching, hook
             )
             stop()
         except BaseException:
             if attaching is not None:
                 with contextlib.suppress(BaseException):
                     attaching.wait()  # never remove a veth the thread still works on
-            rollback(node, conf, attachment, ipam, allocated, addresses)
+            rollback(node, conf, attachment, datapath, ipam, allocated, addresses)
             raise
 
     ours = Result(
@@ -128,12 +137,11 @@ def add(
     return chain(prev, ours)
 
 
-def ensure_datapath(conf: NetConf) -> None:
+def ensure_datapath(conf: NetConf, datapath: Datapath) -> None:
     """Compile and pin the datapath only if nothing is pinned yet ("policy": "off"
     without an agent); the compiler is not even imported otherwise."""
-    with Datapath(conf.bpf_dir) as datapath:
-        if datapath.is_loaded():
-            return
+    if datapath.is_loaded():
+        return
     from cni.datapath import loader
 
     loader.ensure_loaded(conf.bpf_dir, conf.datapath)
@@ -158,7 +166,9 @@ def pod_addresses(ipam_result: Result) -> list[str]:
     return [ip.address for ip in ipam_result.ips]
 
 
-def remove_leftover_veth(node: Rtnl, conf: NetConf, attachment: Attachment) -> None:
+def remove_leftover_veth(
+    node: Rtnl, conf: NetConf, attachment: Attachment, datapath: Datapath
+) -> None:
     """A node-side veth of this very attachment, left by an ADD that was killed."""
     existing = link.get_link(node, attachment.node_veth)
     if existing is None:
@@ -171,7 +181,7 @@ def remove_leftover_veth(node: Rtnl, conf: NetConf, attachment: Attachment) -> N
         )
     log.warning("removing leftover veth %s of %s", existing.name, attachment.alias)
     ips = wiring.node_routed_ips(node, existing)
-    wiring.unwire(node, existing, conf.bpf_dir)
+    wiring.unwire(node, existing, datapath, ips)
     masq.remove(conf.network, ips)
 
 
@@ -179,6 +189,7 @@ def rollback(
     node: Rtnl,
     conf: NetConf,
     attachment: Attachment,
+    datapath: Datapath,
     ipam: ipam_client.IPAM,
     allocated: bool,
     addresses: list[str],
@@ -189,7 +200,7 @@ def rollback(
         veth = link.get_link(node, attachment.node_veth)
         if veth is not None:
             ips.update(wiring.node_routed_ips(node, veth))
-            wiring.unwire(node, veth, conf.bpf_dir)
+            wiring.unwire(node, veth, datapath, sorted(ips))
     except Exception as err:
         log.error("rollback of %s: failed to remove the veth: %s", attachment.alias, err)
     try:

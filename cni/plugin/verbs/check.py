@@ -10,6 +10,7 @@ Routes that later plugins added are tolerated.
 from __future__ import annotations
 
 from cni.datapath import endpoint
+from cni.datapath.maps import Datapath
 from cni.net import addr, link, masq, route
 from cni.net.netlink import Rtnl, node_socket, pod_socket
 from cni.net.netns import open_pod_netns
@@ -28,10 +29,18 @@ def run(request: Request) -> None:
     prev = prev_result(request)
     if prev is None:
         raise CNIError(ERR_INVALID_CONFIG, "CHECK needs the ADD result as prevResult")
-    check(conf, request.attachment, prev)
+    with Datapath(conf.bpf_dir) as datapath:
+        check(conf, request.attachment, prev, datapath=datapath)
 
 
-def check(conf: NetConf, attachment: Attachment, prev: Result) -> None:
+def check(
+    conf: NetConf,
+    attachment: Attachment,
+    prev: Result,
+    *,
+    datapath: Datapath,
+    allocators: ipam_client.KeptAllocators | None = None,
+) -> None:
     index, expected_ips = pod_interface(prev, attachment)
     expected = prev.interfaces[index]
     ips = [str(ip.ip) for ip in expected_ips]
@@ -39,12 +48,12 @@ def check(conf: NetConf, attachment: Attachment, prev: Result) -> None:
     with open_pod_netns(attachment.netns) as netns, pod_socket(netns) as pod:
         check_pod(pod, attachment, expected.mac, expected_ips, prev)
     with node_socket() as node:
-        check_node(node, attachment, ips, conf.bpf_dir)
+        check_node(node, attachment, ips, datapath)
     if conf.ip_masq:
         missing = [ip for ip in ips if not masq.contains(conf.network, ip)]
         table = masq.table_name(conf.network)
         _require(not missing, f"the masquerade set of table {table} lacks {missing}")
-    with ipam_client.client(conf.ipam, conf.cni_version) as ipam:
+    with ipam_client.client(conf.ipam, conf.cni_version, allocators) as ipam:
         ipam.check(attachment, expected_ips)
 
 
@@ -85,7 +94,7 @@ def check_pod(
             _require((r.dst, r.gw) in kernel, f"route {r.dst} via {r.gw} is missing on {where}")
 
 
-def check_node(node: Rtnl, attachment: Attachment, ips: list[str], bpf_dir: str) -> None:
+def check_node(node: Rtnl, attachment: Attachment, ips: list[str], datapath: Datapath) -> None:
     veth = link.get_link(node, attachment.node_veth)
     _require(veth is not None, f'node-side veth "{attachment.node_veth}" is missing')
     assert veth is not None
@@ -98,7 +107,7 @@ def check_node(node: Rtnl, attachment: Attachment, ips: list[str], bpf_dir: str)
     for ip in ips:
         _require(ip in routed, f'the node has no route to {ip} via "{veth.name}"')
     if ips:
-        endpoint.check(node, veth.index, veth.name, ips, bpf_dir)
+        endpoint.check(datapath, node, veth.index, veth.name, ips)
 
 
 def _require(ok: bool, details: str) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from cni.datapath.maps import Datapath
 from cni.net import conntrack, link, masq
 from cni.net.netlink import Rtnl, node_socket
 from cni.plugin import ipam_client, wiring
@@ -37,8 +38,9 @@ from cni.spec.result import Result
 
 log = logger("sluice")
 
-# Takes what DEL leaves for after its answer and runs it then.
-Defer = Callable[[Callable[[], None]], None]
+# Takes what DEL leaves for after its answer and runs it then: the release (None
+# when DEL made it itself), and after it the veth's deletion (not if the release failed).
+Defer = Callable[[Callable[[], None] | None, Callable[[], None]], None]
 
 
 def run(request: Request) -> None:
@@ -47,7 +49,8 @@ def run(request: Request) -> None:
         prev = prev_result(request)
     except Exception:  # DEL is best effort: a broken prevResult must not block it
         prev = None
-    delete(conf, request.attachment, prev)
+    with Datapath(conf.bpf_dir) as datapath:
+        delete(conf, request.attachment, prev, datapath=datapath)
 
 
 def delete(
@@ -55,8 +58,17 @@ def delete(
     attachment: Attachment,
     prev: Result | None = None,
     *,
+    datapath: Datapath,
+    allocators: ipam_client.KeptAllocators | None = None,
     defer: Defer | None = None,
 ) -> None:
+    """``datapath``: the process's handle on the network's datapath (``defer``red work
+    uses it too, so it must stay open until that has run); ``allocators``: the IPAM
+    allocators a long-lived caller keeps open."""
+
+    def release(routed: list[str] | None) -> None:
+        _release(conf, attachment, prev, routed, datapath, allocators)
+
     if defer is not None:
         with node_socket() as node:
             veth = _own_veth(node, attachment)
@@ -64,50 +76,56 @@ def delete(
                 # A delegated IPAM's addresses are known only from the node's routes,
                 # which the kernel drops once the veth is down.
                 routed = wiring.node_routed_ips(node, veth)
-                delete_veth = wiring.cut_off(node, veth, conf.bpf_dir)
+                delete_veth = wiring.cut_off(node, veth, datapath, routed)
         if veth is not None:
             if conf.policy == "enforce":
-                defer(lambda: _finish(conf, attachment, prev, routed, delete_veth))
+                defer(lambda: release(routed), delete_veth)
             else:
-                _release(conf, attachment, prev, routed)
-                defer(delete_veth)
+                release(routed)
+                defer(None, delete_veth)
             return
-    _release(conf, attachment, prev, None)
+    release(None)
 
 
-def finish_cut_off(conf: NetConf, attachment: Attachment) -> None:
-    """Complete a DEL whose pair was cut off but whose release never ran (its
-    caller died in between): the same release, found from the down veth."""
-    delete(conf, attachment, defer=lambda finish: finish())
-
-
-def _finish(
+def finish_cut_off(
     conf: NetConf,
     attachment: Attachment,
-    prev: Result | None,
-    routed: list[str],
-    delete_veth: Callable[[], None],
+    datapath: Datapath,
+    allocators: ipam_client.KeptAllocators | None = None,
 ) -> None:
+    """Complete a DEL whose pair was cut off but whose release never ran (its
+    caller died in between): the same release, found from the down veth."""
+    delete(conf, attachment, datapath=datapath, allocators=allocators, defer=_finish_now)
+
+
+def _finish_now(release: Callable[[], None] | None, delete_veth: Callable[[], None]) -> None:
     """The release, then the veth: should the release fail, the down veth still marks
     the DEL as unfinished."""
-    _release(conf, attachment, prev, routed)
+    if release is not None:
+        release()
     delete_veth()
 
 
 def _release(
-    conf: NetConf, attachment: Attachment, prev: Result | None, routed: list[str] | None
+    conf: NetConf,
+    attachment: Attachment,
+    prev: Result | None,
+    routed: list[str] | None,
+    datapath: Datapath,
+    allocators: ipam_client.KeptAllocators | None,
 ) -> None:
     """Everything DEL removes once the pair is out of service (``routed``: the
     addresses the node routed to it), or with the pair (None: the veth, if any, is
     deleted here first)."""
-    with ipam_client.client(conf.ipam, conf.cni_version) as ipam:
+    with ipam_client.client(conf.ipam, conf.cni_version, allocators) as ipam:
         ips = set(ipam.addresses(attachment))
         with node_socket() as node:
             if routed is None:
                 veth = _own_veth(node, attachment)
-                if veth is not None and not ips:
-                    ips.update(wiring.node_routed_ips(node, veth))  # a delegated IPAM
-                wiring.unwire(node, veth, conf.bpf_dir)
+                known = wiring.node_routed_ips(node, veth) if veth is not None else []
+                if not ips:
+                    ips.update(known)  # a delegated IPAM
+                wiring.unwire(node, veth, datapath, sorted({*ips, *known}))
             elif not ips:
                 ips.update(routed)
             # prevResult may be stale (a late DEL): skip an address another pod now has.

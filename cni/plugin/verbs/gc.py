@@ -30,10 +30,18 @@ log = logger("sluice")
 
 def run(request: Request) -> None:
     valid = valid_attachments(request.config)
-    gc(load_conf(request), valid)
+    conf = load_conf(request)
+    with Datapath(conf.bpf_dir) as datapath:
+        gc(conf, valid, datapath=datapath)
 
 
-def gc(conf: NetConf, valid: set[tuple[str, str]]) -> None:
+def gc(
+    conf: NetConf,
+    valid: set[tuple[str, str]],
+    *,
+    datapath: Datapath,
+    allocators: ipam_client.KeptAllocators | None = None,
+) -> None:
     errors: list[CNIError] = []
     remaining_ips: list[str] = []
     gone_ips: list[str] = []
@@ -43,17 +51,18 @@ def gc(conf: NetConf, valid: set[tuple[str, str]]) -> None:
                 remaining_ips += wiring.node_routed_ips(node, veth)
                 continue
             try:
-                gone_ips += wiring.node_routed_ips(node, veth)
-                wiring.unwire(node, veth, conf.bpf_dir)
+                ips = wiring.node_routed_ips(node, veth)
+                gone_ips += ips
+                wiring.unwire(node, veth, datapath, ips)
                 log.info("gc: removed veth %s of %s/%s", veth.name, *key)
             except CNIError as err:
                 errors.append(err)
     steps: list[Callable[[], None]] = [
         lambda: forget_connections(gone_ips),
-        lambda: _ipam_gc(conf, valid),
+        lambda: _ipam_gc(conf, valid, allocators),
         lambda: _resync_masquerade(conf, remaining_ips),
-        lambda: endpoint.sweep(conf.bpf_dir, endpoint.live_ifindexes()),
-        lambda: _reap(conf),
+        lambda: endpoint.sweep(datapath, endpoint.live_ifindexes()),
+        lambda: _reap(datapath),
     ]
     for step in steps:
         try:
@@ -64,15 +73,16 @@ def gc(conf: NetConf, valid: set[tuple[str, str]]) -> None:
         raise CNIError(errors[0].code, "; ".join(err.details for err in errors))
 
 
-def _ipam_gc(conf: NetConf, valid: set[tuple[str, str]]) -> None:
-    with ipam_client.client(conf.ipam, conf.cni_version) as ipam:
+def _ipam_gc(
+    conf: NetConf, valid: set[tuple[str, str]], allocators: ipam_client.KeptAllocators | None
+) -> None:
+    with ipam_client.client(conf.ipam, conf.cni_version, allocators) as ipam:
         ipam.gc(valid)
 
 
-def _reap(conf: NetConf) -> None:
+def _reap(datapath: Datapath) -> None:
     try:
-        with Datapath(conf.bpf_dir) as datapath:
-            reaper.collect(datapath)
+        reaper.collect(datapath)
     except DatapathMissing:
         return  # nothing was ever loaded here
     except bpf.BPFError as err:

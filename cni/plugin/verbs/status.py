@@ -21,23 +21,28 @@ def run(request: Request) -> None:
     conf = load_conf(request)
     if conf.policy == "enforce":  # in the plugin's own process: no agent answered
         raise CNIError(ERR_NOT_AVAILABLE, agent_required(conf))
-    status(conf)
+    with Datapath(conf.bpf_dir) as datapath:
+        status(conf, datapath=datapath)
 
 
-def status(conf: NetConf) -> None:
+def status(
+    conf: NetConf,
+    *,
+    datapath: Datapath,
+    allocators: ipam_client.KeptAllocators | None = None,
+) -> None:
     if conf.ip_masq and not nftables.available():
         raise CNIError(
             ERR_NOT_AVAILABLE, '"ipMasq" is on but neither libnftables nor nft is installed'
         )
-    if not datapath_available(conf.bpf_dir):
+    if not datapath_available(datapath):
         raise CNIError(
             ERR_NOT_AVAILABLE,
             f'the datapath is not loaded in "{conf.bpf_dir}" and bcc is not installed to load it',
         )
-    with ipam_client.client(conf.ipam, conf.cni_version) as ipam:
+    with ipam_client.client(conf.ipam, conf.cni_version, allocators) as ipam:
         ipam.status()
 
 
-def datapath_available(bpf_dir: str) -> bool:
-    with Datapath(bpf_dir) as datapath:
-        return datapath.is_loaded() or importlib.util.find_spec("bcc") is not None
+def datapath_available(datapath: Datapath) -> bool:
+    return datapath.is_loaded() or importlib.util.find_spec("bcc") is not None

@@ -51,8 +51,8 @@ def qdiscs(veth: str) -> list[str]:
 
 
 def attached(ifindex: int) -> dict[str, int | None]:
-    with node_socket() as node:
-        return attached_programs(node, ifindex, TEST_BPF_DIR)
+    with node_socket() as node, Datapath(TEST_BPF_DIR) as datapath:
+        return attached_programs(datapath, node, ifindex)
 
 
 def filter_programs(veth: str) -> dict[str, int]:
@@ -76,7 +76,7 @@ def test_filters_judge_like_links_and_a_reload_swaps_them(pair: list[Pod], dp: D
     a, b = pair
     assert "clsact" in qdiscs(b.veth)
     assert not any(Path(link_path(TEST_BPF_DIR, b.ifindex, p)).exists() for p in HOOKS)
-    pinned = pinned_programs(TEST_BPF_DIR)
+    pinned = pinned_programs(dp)
     assert attached(b.ifindex) == {p: pinned[p] for p in HOOKS}
     assert filter_programs(b.veth) == attached(b.ifindex)  # as tc itself sees them
     P.install(
@@ -87,7 +87,7 @@ def test_filters_judge_like_links_and_a_reload_swaps_them(pair: list[Pod], dp: D
         held = HeldConnection(a, b, 8080)
         assert loader.load(TEST_BPF_DIR, force=True)
         assert held.finish() == "echo", "the established flow survived the reload"
-        new = pinned_programs(TEST_BPF_DIR)
+        new = pinned_programs(dp)
         assert set(new.values()).isdisjoint(pinned.values())
         assert attached(b.ifindex) == {p: new[p] for p in HOOKS}, "the filters were swapped"
         assert filter_programs(b.veth) == attached(b.ifindex)

@@ -418,7 +418,7 @@ def test_reload_keeps_maps_and_established_flows(trio: list[Pod], dp: Datapath) 
     P.install(
         dp, b.ifindex, P.EndpointPolicy(ingress=allow(rule(f"{a.ip}/32", ports=(tcp(8080),))))
     )
-    old = pinned_programs(TEST_BPF_DIR)
+    old = pinned_programs(dp)
     with Server(b, tcp=(8080,)):
         connection = HeldConnection(a, b, 8080)
         endpoints = {i: (e.ip, e.policy_gen, e.flags) for i, e in dp.endpoints().items()}
@@ -426,7 +426,7 @@ def test_reload_keeps_maps_and_established_flows(trio: list[Pod], dp: Datapath) 
         assert loader.load(TEST_BPF_DIR, force=True)
         assert connection.finish() == "echo", "the established flow survived the reload"
         assert a.connects(b, 8080) and not a.connects(b, 8081)
-    new = pinned_programs(TEST_BPF_DIR)
+    new = pinned_programs(dp)
     assert set(old.values()).isdisjoint(new.values()), "new programs are pinned"
     pinned = sorted(p.name for p in Path(TEST_BPF_DIR).iterdir())
     assert [n for n in pinned if n.startswith("source_")] == [

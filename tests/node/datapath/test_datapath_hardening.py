@@ -149,13 +149,13 @@ def test_del_deletes_the_veth_before_it_unpins_the_filter(
     seen: list[bool] = []
     detach = endpoint.detach
 
-    def spy(index: int, bpf_dir: str) -> None:
+    def spy(datapath: Datapath, index: int, ips: list[str] | None = None) -> None:
         seen.append(Path(f"/sys/class/net/{veth}").exists())
-        detach(index, bpf_dir)
+        detach(datapath, index, ips)
 
     monkeypatch.setattr(endpoint, "detach", spy)
-    with Rtnl() as node:
-        wiring.unwire(node, link.get_link(node, veth), TEST_BPF_DIR)
+    with Rtnl() as node, Datapath(TEST_BPF_DIR) as datapath:
+        wiring.unwire(node, link.get_link(node, veth), datapath)
     assert seen == [False], "the veth was gone when its links were unpinned"
     assert not Path(endpoint.link_path(TEST_BPF_DIR, ifindex, "from_pod")).exists()
     network.delete(netns, "order").ok()

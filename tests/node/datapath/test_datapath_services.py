@@ -84,12 +84,12 @@ def remote(pods: PodNamespaces) -> Iterator[Remote]:
             ["ip", "route", "add", "default", "via", node_side],
         ):
             in_netns(netns, *command, check=True)
-        with Rtnl() as ipr:
-            endpoint.attach_uplink(ipr, name, TEST_BPF_DIR)
+        with Rtnl() as ipr, Datapath(TEST_BPF_DIR) as datapath:
+            endpoint.attach_uplink(datapath, ipr, name)
         yield Remote(netns, name, backend)
     finally:
-        with Rtnl() as ipr, contextlib.suppress(OSError):
-            endpoint.detach_uplink(ipr, name, TEST_BPF_DIR)
+        with Rtnl() as ipr, Datapath(TEST_BPF_DIR) as datapath, contextlib.suppress(OSError):
+            endpoint.detach_uplink(datapath, ipr, name)
         subprocess.run(["ip", "link", "del", name], check=False, capture_output=True)
 
 

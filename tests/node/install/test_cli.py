@@ -41,9 +41,26 @@ def test_install_writes_launchers_and_a_conflist(tmp_path: Path) -> None:
     assert sluice["type"] == "sluice" and sluice["policy"] == "off"
     assert sluice["ipam"] == {"type": "sluice-ipam", "subnet": "10.244.3.0/24"}
     assert sluice["stateDir"] == str(tmp_path / "state")
+    assert sluice["datapath"] == {"attach": "tc"}, "tc filters unless bandwidth is chained"
     assert portmap == {"type": "portmap", "capabilities": {"portMappings": True}}
     # Installing again is harmless.
     assert sluicectl("install", "--bin-dir", bin_dir, "--conf-dir", conf_dir).returncode == 0
+
+
+def test_install_attaches_with_tcx_when_bandwidth_is_chained(tmp_path: Path) -> None:
+    conf_dir = tmp_path / "net.d"
+    proc = sluicectl(
+        *("install", "--bin-dir", tmp_path / "bin", "--conf-dir", conf_dir),
+        *("--state-dir", tmp_path / "state", "--chain", "bandwidth"),
+    )
+    assert proc.returncode == 0, proc.stderr
+    conflist = json.loads((conf_dir / "10-sluice.conflist").read_text())
+    assert conflist["plugins"][0]["datapath"] == {"attach": "tcx"}
+    refused = sluicectl(
+        *("install", "--bin-dir", tmp_path / "bin", "--conf-dir", conf_dir),
+        *("--chain", "bandwidth", "--attach", "tc"),
+    )
+    assert refused.returncode != 0 and "bandwidth" in refused.stderr
 
 
 def test_install_rejects_a_bad_subnet(tmp_path: Path) -> None:
