@@ -40,7 +40,7 @@ from pathlib import Path
 # pyroute2 (its netlink errors, and requests sluice does not pack itself). The
 # agent, sluicectl and their other dependencies run where sluice is installed.
 PACKAGES = ("cni", "ipam", "pyroute2")
-SOURCES = Path(__file__).resolve().parent.parent / "bpf"  # next to the packages, as here
+SOURCES = Path(__file__).resolve().parents[2] / "bpf"  # next to the packages, as here
 CTYPES_SONAMES = ("libnftables.so.1",)  # what the plugin loads with ctypes (cni.net.nftables)
 LIBRARY_DIRS = ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib")
 STDLIB_SKIPPED = {"test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3", "venv"}
