@@ -265,6 +265,9 @@ def stop(*, force: bool = False) -> list[str]:
         done += HostSnapshot.from_json(state["host"]).restore()
         STATE_FILE.unlink(missing_ok=True)
         SOCKET.unlink(missing_ok=True)
+        # Its log and configuration stay for a look afterwards; its runtime state goes.
+        for directory in (RUN_DIR / "exec", RUN_DIR / "bin"):
+            shutil.rmtree(directory, ignore_errors=True)
         return done
 
 
