@@ -3,13 +3,14 @@
 Measured with Debian's dockerd 20.10 on this machine:
 
 * with its defaults it adds the ``DOCKER``, ``DOCKER-USER`` and
-  ``DOCKER-ISOLATION-STAGE-1/2`` chains, jumps to them from ``FORWARD``, ``PREROUTING``
-  and ``OUTPUT``, a ``MASQUERADE`` rule per network in ``POSTROUTING`` and the
-  ``docker0`` bridge; it turns the ``FORWARD`` policy to ``DROP`` only when it had to
-  enable ``net.ipv4.ip_forward`` itself;
+  ``DOCKER-ISOLATION-STAGE-1/2`` chains, jumps to them from ``FORWARD`` and (nat)
+  ``PREROUTING`` and ``OUTPUT``, ``FORWARD`` accepts and a ``POSTROUTING``
+  ``MASQUERADE`` per network, and the ``docker0`` bridge, and leaves all of them
+  behind when it stops; the ``FORWARD`` policy stayed ``ACCEPT`` (Docker turns it
+  to ``DROP`` only when it has to enable ``net.ipv4.ip_forward`` itself);
 * the project's own daemon runs without iptables rules and without ``docker0``
-  (``tests/harness/dockerd.py``), so what is left is a ``br-<id>`` bridge and its veths
-  per network, and ``net.ipv6.conf.all.forwarding`` turned on by the first network
+  (``tests/harness/dockerd.py``), so what is left is a ``br-<id>`` bridge per
+  network, and ``net.ipv6.conf.all.forwarding`` turned on by the first network
   with IPv6.
 
 ``HostSnapshot.capture()`` records the sysctls a daemon may turn and the Docker
