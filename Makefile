@@ -107,3 +107,47 @@ k8s-build: deps venv
 # E2E_ARGS passes options through, e.g. E2E_ARGS="--focus 'allow-all'".
 e2e: setup k8s-build
 	PATH="$(CURDIR)/$(TOOLS):$$PATH" $(PY) -m tests.harness e2e $(E2E_ARGS)
+
+# --- The sluice image and kind ------------------------------------------------------
+# The sluice image (Dockerfile) and a kind node image are built offline on a Debian
+# 12 base made with debootstrap; a Docker daemon of the project's own starts when
+# none runs (tests/harness/dockerd.py). `make kind` leaves a cluster running and
+# prints its KUBECONFIG; `make kind-down` deletes it and stops that daemon again.
+# docs/notes-images.md has the details.
+DEB_PACKAGES += docker.io debootstrap vagrant
+KIND_NODES ?= 3
+KIND_CLUSTER ?= sluice
+KIND := $(PY) -m tests.harness.kind
+
+.PHONY: image kind-deps kind-image kind kind-down kind-status kind-test
+
+tools: $(TOOLS)/kind
+$(TOOLS)/kind:
+	@mkdir -p $(TOOLS)
+	@if command -v go >/dev/null; then \
+		GOBIN=$(CURDIR)/$(TOOLS) GOFLAGS=-mod=mod go install sigs.k8s.io/kind@v0.33.0; \
+	else echo "no Go: kind not built"; fi
+
+# Docker, debootstrap and Go when missing: the script the Vagrantfile provisions with.
+kind-deps:
+	@sh tests/harness/kind-host.sh
+
+image: setup kind-deps
+	$(KIND) image
+
+kind-image: setup kind-deps k8s-build
+	$(KIND) node-image
+
+kind: kind-image
+	$(KIND) up --name $(KIND_CLUSTER) --nodes $(KIND_NODES)
+
+kind-down: venv
+	$(KIND) down --name $(KIND_CLUSTER)
+
+kind-status: venv
+	$(KIND) status
+
+# The node image booted as kind boots it, and a cluster created, checked and deleted
+# (not part of `make test`: minutes of both CPUs).
+kind-test: kind-image
+	PATH="$(CURDIR)/$(TOOLS):$$PATH" $(PY) -m pytest -m kind tests/node/images $(PYTEST_ARGS)

@@ -14,6 +14,8 @@ from cni.cli.status import status
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+# The installed distribution's version: pyproject.toml's, the one the image is tagged with.
+@click.version_option(package_name="sluice", prog_name="sluicectl", message="%(prog)s %(version)s")
 def cli() -> None:
     """Operate sluice, a Kubernetes CNI plugin, on this node."""
 

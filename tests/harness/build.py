@@ -187,11 +187,9 @@ def prepare_module(go: str, cache: K8sCache, fingerprint: str) -> None:
     """Write go.mod and tools.go and run `go mod tidy`, unless done for this recipe."""
     module = cache.module_dir
     tidy_stamp = module / "tidy.stamp"
-    if (
-        (module / "go.sum").is_file()
-        and tidy_stamp.is_file()
-        and tidy_stamp.read_text() == fingerprint
-    ):
+    # tools.go is part of the key: a command added to the recipe needs a new tidy.
+    tidied = hashlib.sha256((fingerprint + tools_go()).encode()).hexdigest()
+    if (module / "go.sum").is_file() and tidy_stamp.is_file() and tidy_stamp.read_text() == tidied:
         return
     shutil.rmtree(module, ignore_errors=True)
     module.mkdir(parents=True)
@@ -199,7 +197,7 @@ def prepare_module(go: str, cache: K8sCache, fingerprint: str) -> None:
     (module / "go.mod").write_text(scratch_go_mod(upstream))
     (module / "tools.go").write_text(tools_go())
     go_run(go, ["mod", "tidy"], module, "go mod tidy")
-    tidy_stamp.write_text(fingerprint)
+    tidy_stamp.write_text(tidied)
 
 
 # --- binaries -------------------------------------------------------------------------

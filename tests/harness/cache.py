@@ -27,6 +27,7 @@ COMMANDS = {
     "kubelet": "k8s.io/kubernetes/cmd/kubelet",
     "kube-proxy": "k8s.io/kubernetes/cmd/kube-proxy",
     "kubectl": "k8s.io/kubernetes/cmd/kubectl",
+    "kubeadm": "k8s.io/kubernetes/cmd/kubeadm",  # for the kind node image
     "agnhost": "k8s.io/kubernetes/test/images/agnhost",
 }
 # Binary name -> Go package whose test binary it is (`go test -c`).
