@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cni.controller.sharding import placement_hash, shard_count
+from cni.policy.kinds import ByKind, Handlers
 from cni.policy.model import Namespace, NetworkPolicy, Pod, PodKey, PolicyKey
 from cni.policy.published import objects
 from cni.policy.published.objects import (
@@ -52,6 +53,15 @@ TARGETS_CAPACITY = 250  # pods per PolicyTargets shard (a node runs 110 by defau
 
 ObjectKey = tuple[str, str, str]  # (kind, namespace, name)
 SetKey = tuple[str, str, str]  # (kind, namespace, set name)
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyRecord:
+    """A NetworkPolicy with what its PolicyEndpoints record of it: uid and generation."""
+
+    policy: NetworkPolicy
+    uid: str
+    generation: int
 
 
 @dataclass(frozen=True)
@@ -127,8 +137,43 @@ class Publisher:
         # What is published: the controller's view of its own objects.
         self._published: dict[ObjectKey, ShardInfo] = {}
         self._published_sets: dict[SetKey, dict[str, ShardInfo]] = {}
+        self.kinds: ByKind[None] = ByKind(self._handlers(), lambda _: None, "the publisher")
 
-    # -- inputs --------------------------------------------------------------------------
+    # -- inputs, by kind ---------------------------------------------------------------------
+
+    def _handlers(self) -> dict[type, Handlers[None]]:
+        def published(kind: str) -> Handlers[None]:
+            return Handlers(
+                self.observe, self.forget, replace=lambda infos: self.replace_published(kind, infos)
+            )
+
+        return {
+            Namespace: Handlers(
+                self.put_namespace,
+                lambda namespace: self.remove_namespace(namespace.name),
+                replace=self.replace_namespaces,
+            ),
+            Pod: Handlers(
+                self.put_pod, lambda pod: self.remove_pod(pod.key), replace=self.replace_pods
+            ),
+            PolicyRecord: Handlers(
+                lambda record: self.put_policy(record.policy, record.uid, record.generation),
+                lambda record: self.remove_policy(record.policy.key),
+                replace=lambda records: self.replace_policies(
+                    (r.policy, r.uid, r.generation) for r in records
+                ),
+            ),
+            **{info_type: published(kind) for kind, info_type in objects.INFO_TYPES.items()},
+        }
+
+    def upsert(self, obj: Any) -> None:
+        self.kinds.upsert(obj)
+
+    def delete(self, obj: Any) -> None:
+        self.kinds.delete(obj)
+
+    def replace_all(self, kind: type, items: Iterable[Any]) -> None:
+        self.kinds.replace_all(kind, items)
 
     def put_namespace(self, namespace: Namespace) -> None:
         self.index.upsert_namespace(namespace)

@@ -136,7 +136,8 @@ def policy_targets_name(node: str, index: int) -> str:
 @dataclass(frozen=True, slots=True)
 class ShardInfo:
     """What every published object says about itself, and what the controller keeps
-    of the objects it finds (never their content: a digest of it)."""
+    of the objects it finds (never their content: a digest of it). One subclass per
+    kind (``INFO_TYPES``), so that receivers take them by type."""
 
     kind: str
     namespace: str  # "" for cluster-scoped kinds
@@ -156,6 +157,28 @@ class ShardInfo:
     @property
     def object_key(self) -> tuple[str, str, str]:
         return (self.kind, self.namespace, self.name)
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyEndpointsInfo(ShardInfo):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class AddressSetInfo(ShardInfo):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyTargetsInfo(ShardInfo):
+    pass
+
+
+INFO_TYPES: dict[str, type[ShardInfo]] = {
+    POLICY_ENDPOINTS: PolicyEndpointsInfo,
+    ADDRESS_SET: AddressSetInfo,
+    POLICY_TARGETS: PolicyTargetsInfo,
+}
 
 
 # -- writing (the controller) ----------------------------------------------------------
@@ -342,7 +365,7 @@ def shard_info(obj: Mapping[str, Any], controller: bool = True) -> ShardInfo:
     else:
         raise fields.fail("kind", fields.kind, f"is not one of {', '.join(PLURALS)}")
     labels = fields.meta.get("labels") or {}
-    return ShardInfo(
+    return INFO_TYPES[fields.kind](
         kind=fields.kind,
         namespace=fields.namespace,
         name=fields.name,
