@@ -254,11 +254,10 @@ class Controller:
         """Carry out one write; the verb done, "failed", or "" (not leading any more)."""
         if not self._still_leading(term):
             return ""
-        path = objects.object_path(write.kind, write.namespace, write.name)
+        path = objects.object_path(write.kind, write.name)
         try:
             if write.verb == "create":
-                collection = objects.collection_path(write.kind, write.namespace or None)
-                stored = self.api.create(collection, write.body)
+                stored = self.api.create(objects.collection_path(write.kind), write.body)
             elif write.verb == "replace":
                 stored = self.api.replace(path, write.body)
             else:
@@ -275,7 +274,7 @@ class Controller:
     def _delete(self, info: ShardInfo, term: int) -> str:
         if not self._still_leading(term):
             return ""
-        path = objects.object_path(info.kind, info.namespace, info.name)
+        path = objects.object_path(info.kind, info.name)
         try:
             self.api.delete(path)
         except ApiError as err:

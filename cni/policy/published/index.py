@@ -121,8 +121,10 @@ class ShardIndex(PodPolicyResolver):
         return None
 
     def _entry(self, pod: Pod) -> TargetEntry | None:
+        """The pod's PolicyTargets entry, only for this very pod: the same uid (an entry
+        without one is nobody's)."""
         entry = self._targets.get(pod.key)
-        if entry is None or (entry.uid and pod.uid and entry.uid != pod.uid):
+        if entry is None or not entry.uid or entry.uid != pod.uid:
             return None
         return entry
 
