@@ -405,6 +405,7 @@ class Enforcer:
                         "ingressRules": len(found.rules("ingress")),
                         "egressRules": len(found.rules("egress")),
                         "localPods": selects,
+                        "refused": list(found.refusals),  # what it could not read, and why
                     }
                 )
             return out

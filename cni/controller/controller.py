@@ -47,7 +47,7 @@ from cni.kube.informer import Informer
 from cni.kube.lease import LEASE_SECONDS, RENEW_DEADLINE_SECONDS, RETRY_SECONDS, LeaderElector
 from cni.kube.memory import limit_malloc_arenas, release_free_memory
 from cni.policy.model import Namespace, Pod
-from cni.policy.parse import parse_namespace, parse_network_policy, parse_pod
+from cni.policy.parse import parse_namespace, parse_pod, read_network_policy
 from cni.policy.published import objects
 from cni.policy.published.objects import (
     ADDRESS_SET,
@@ -65,10 +65,12 @@ WRITERS = 4  # concurrent API writes within one phase of a plan
 
 
 def parse_policy_record(raw: dict[str, Any]) -> PolicyRecord:
-    """A NetworkPolicy with its uid and generation (what its PolicyEndpoints record)."""
+    """A NetworkPolicy with its uid and generation (what its PolicyEndpoints record),
+    read failing closed: what sluice cannot read is published as refused, so agents
+    isolate what it selects (never dropped, which would unisolate its pods)."""
     meta = raw.get("metadata") or {}
     return PolicyRecord(
-        parse_network_policy(raw), str(meta.get("uid") or ""), int(meta.get("generation") or 1)
+        read_network_policy(raw), str(meta.get("uid") or ""), int(meta.get("generation") or 1)
     )
 
 

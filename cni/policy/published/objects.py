@@ -442,7 +442,8 @@ def parse_policy_endpoints(obj: Mapping[str, Any]) -> PolicyShard:
     rules = fields.get(spec, "policy", dict)
     try:
         policy = parse_network_policy(
-            {"metadata": {"namespace": info.set_namespace, "name": info.set_name}, "spec": rules}
+            {"metadata": {"namespace": info.set_namespace, "name": info.set_name}, "spec": rules},
+            published=True,
         )
     except PolicyInputError as err:
         raise err.within(f"{fields.what} spec.policy") from None

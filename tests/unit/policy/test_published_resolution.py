@@ -113,7 +113,7 @@ def test_a_targets_entry_without_uid_is_nobodys() -> None:
     for obj in (pod, NetworkPolicy("n0", "deny-all")):
         feed_publisher(publisher, "upsert", obj, 1)
     publish(publisher, store)
-    ((key, body),) = [(k, b) for k, b in store.objects.items() if k[0] == POLICY_TARGETS]
+    ((_, body),) = [(k, b) for k, b in store.objects.items() if k[0] == POLICY_TARGETS]
     for entry in body["spec"]["pods"]:
         entry["uid"] = ""
     agent = ShardIndex("node-1")
