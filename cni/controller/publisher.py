@@ -126,7 +126,6 @@ class Publisher:
         self._policy_targets: dict[PolicyKey, set[PodKey]] = {}
         self._target_nodes: dict[PolicyKey, Counter[str]] = {}
         self._hashes: dict[PodKey, int] = {}
-        self._changing_pod: PodKey | None = None
         # What to plan again. A set's pods, or None for every shard.
         self._dirty_policies: set[PolicyKey] = set()
         self._dirty_sets: dict[AddressSetKey, set[PodKey] | None] = {}
@@ -184,19 +183,11 @@ class Publisher:
         self.index.delete_namespace(name)
 
     def put_pod(self, pod: Pod) -> None:
-        self._changing_pod = pod.key
-        try:
-            self.index.upsert_pod(pod)
-        finally:
-            self._changing_pod = None
+        self.index.upsert_pod(pod)
         self._retarget(pod.key)
 
     def remove_pod(self, key: PodKey) -> None:
-        self._changing_pod = key
-        try:
-            self.index.delete_pod(key)
-        finally:
-            self._changing_pod = None
+        self.index.delete_pod(key)
         self._retarget(key)
         self._hashes.pop(key, None)
 
@@ -409,11 +400,9 @@ class Publisher:
         if state is None:
             return  # retired: deleted below
         group_members = self.index.groups.members(key.group)
-        admitted = [
-            pod
-            for pod in map(self.index.store.pod, group_members)
-            if pod is not None and key.admits(pod)
-        ]
+        # Each pod with the addresses it holds alone (see PolicyIndex.peer_view).
+        views = (self.index.peer_view(p) for p in map(self.index.store.pod, group_members) if p)
+        admitted = [pod for pod in views if key.admits(pod)]
         hashes = [self._hash(pod.key) for pod in admitted]
         current = state.count or self._published_count(ADDRESS_SET, "", state.id)
         count = shard_count(hashes, self.capacity, current)
@@ -525,17 +514,16 @@ class Publisher:
             h = self._hashes[key] = placement_hash(objects.pod_name(key))
         return h
 
-    def _groups_changed(self, groups: set[PodGroup]) -> None:
-        pod = self._changing_pod
+    def _groups_changed(self, groups: set[PodGroup], pods: set[PodKey] | None) -> None:
         for group in groups:
             for key in self._sets_of_group.get(group, ()):
                 dirty = self._dirty_sets.get(key, set())
                 if dirty is None:
                     continue
-                if pod is None:
+                if pods is None:
                     self._dirty_sets[key] = None  # a namespace changed: many pods
                 else:
-                    dirty.add(pod)
+                    dirty |= pods
                     self._dirty_sets[key] = dirty
 
     def _use_sets(self, policy: PolicyKey, keys: tuple[AddressSetKey, ...]) -> None:

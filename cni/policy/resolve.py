@@ -30,7 +30,7 @@ from __future__ import annotations
 import functools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import chain
 from typing import Any, cast
 
@@ -156,6 +156,21 @@ class PodPolicyResolver(ABC):
         """Whether the pod's result is kept until an update names it (local pods)."""
         return True
 
+    def address_held(self, key: PodKey, ips: Iterable[str]) -> str | None:
+        """Why a new endpoint of pod ``key`` with these addresses must wait: the API
+        still gives one of them to another pod (the previous holder, deleted or with
+        its sandbox gone, until its status changes), whose allowances every node
+        would otherwise grant the new pod. None: the addresses are free."""
+        for ip in ips:
+            for other in sorted(self.store.claimants(ip) - {key}):
+                holder = self.store.pod(other)
+                uid = holder.uid if holder is not None else ""
+                return (
+                    f"address {ip} is still pod {other[0]}/{other[1]}'s (uid {uid or '-'}) "
+                    "as the API reports it"
+                )
+        return None
+
     def resolve(self, key: PodKey) -> ResolvedPolicy:
         """The pod's EndpointPolicy with provenance. KeyError for an unknown pod,
         PolicyIncomplete while the resolver lacks some of its inputs."""
@@ -201,7 +216,7 @@ class PolicyIndex(PodPolicyResolver):
         node_name: str | None = None,
         *,
         local: bool = True,
-        on_groups_changed: Callable[[set[PodGroup]], None] | None = None,
+        on_groups_changed: Callable[[set[PodGroup], set[PodKey] | None], None] | None = None,
     ) -> None:
         super().__init__()
         self.node_name = node_name
@@ -272,18 +287,23 @@ class PolicyIndex(PodPolicyResolver):
             return NOTHING
         new_namespace = not self.store.namespace_exists(pod.namespace)
         self.store.put_pod(pod)
-        if old is None or old.ips != pod.ips:
-            self._pod_peers[pod.key] = pod_peers(pod)
-        changed = self.groups.namespace_changed(pod.namespace) if new_namespace else set()
-        changed |= self.groups.pod_changed(old, pod)
-        affected = self._users_of(changed)
-        if old is not None and pod.key in self._local:
-            affected.add(pod.key)  # its labels, addresses or ports changed
+        was_local = pod.key in self._local
         if self.is_local(pod):
             self._local.add(pod.key)
-            affected.add(pod.key)
         else:
             self._local.discard(pod.key)
+        self._pod_peers[pod.key] = self._peers_owned(pod)
+        changed = self.groups.namespace_changed(pod.namespace) if new_namespace else set()
+        changed |= self.groups.pod_changed(old, pod)
+        moved = {pod.key}
+        # Pods that claim the same addresses: their share of them may change.
+        contenders = self._contenders(pod.key, (old.ips if old else ()) + pod.ips)
+        changed |= self._readdress(contenders, moved)
+        affected = self._users_of(changed, moved)
+        if old is not None and was_local:
+            affected.add(pod.key)  # its labels, addresses or ports changed
+        if pod.key in self._local:
+            affected.add(pod.key)
         return self._invalidate(affected)
 
     def delete_pod(self, key: PodKey) -> frozenset[PodKey]:
@@ -294,11 +314,57 @@ class PolicyIndex(PodPolicyResolver):
         if not self.store.namespace_exists(key[0]):
             changed |= self.groups.namespace_changed(key[0])
         self._pod_peers.pop(key, None)
-        affected = self._users_of(changed)
+        moved = {key}
+        changed |= self._readdress(self._contenders(key, old.ips), moved)
+        affected = self._users_of(changed, moved)
         if key in self._local:
             self._local.discard(key)
             affected.add(key)
         return self._invalidate(affected)
+
+    # Addresses: each belongs to one pod at a time. A pod deleted, or whose sandbox is
+    # gone, keeps its addresses in the API until its status changes, while the node
+    # may already have given one to a new pod: that pod must not inherit the
+    # allowances meant for the previous holder. So an address two pods claim is
+    # neither's peer, unless one of them is wired on this node (the node that
+    # allocated it knows); and a new endpoint's ADD waits while the API still gives
+    # one of its addresses to another pod (``address_held``).
+
+    def _owned_ips(self, pod: Pod) -> tuple[str, ...]:
+        owned = []
+        for ip in pod.ips:
+            others = self.store.claimants(ip) - {pod.key}
+            if not others or (pod.key in self._local and not others & self._local):
+                owned.append(ip)
+        return tuple(owned) if len(owned) != len(pod.ips) else pod.ips
+
+    def _peers_owned(self, pod: Pod) -> tuple[PeerCIDR, ...]:
+        owned = self._owned_ips(pod)
+        return pod_peers(pod if owned is pod.ips else replace(pod, ips=owned))
+
+    def peer_view(self, pod: Pod) -> Pod:
+        """The pod with only the addresses it holds alone (what peers see of it)."""
+        owned = self._owned_ips(pod)
+        return pod if owned is pod.ips else replace(pod, ips=owned)
+
+    def _contenders(self, key: PodKey, ips: Iterable[str]) -> set[PodKey]:
+        return {other for ip in ips for other in self.store.claimants(ip)} - {key}
+
+    def _readdress(self, keys: set[PodKey], moved: set[PodKey]) -> set[PodGroup]:
+        """Recompute these pods' peers; the groups holding those that changed."""
+        changed: set[PodGroup] = set()
+        for key in keys:
+            pod = self.store.pod(key)
+            if pod is None:
+                continue
+            peers = self._peers_owned(pod)
+            if peers != self._pod_peers.get(key):
+                self._pod_peers[key] = peers
+                changed |= self.groups.readdressed(pod)
+                moved.add(key)
+                if key in self._local:
+                    self._resolved.pop(key, None)
+        return changed
 
     def upsert_policy(self, policy: NetworkPolicy) -> frozenset[PodKey]:
         old = self.store.policies.get(policy.key)
@@ -357,11 +423,12 @@ class PolicyIndex(PodPolicyResolver):
     def _local_targets(self, policy: NetworkPolicy) -> set[PodKey]:
         return self._local & self.groups.members(target_group(policy))
 
-    def _users_of(self, changed: set[PodGroup]) -> set[PodKey]:
+    def _users_of(self, changed: set[PodGroup], pods: set[PodKey] | None = None) -> set[PodKey]:
         """Local pods selected by policies that read a changed group; those
-        policies are compiled again when next needed."""
+        policies are compiled again when next needed. ``pods``: the pods whose
+        membership or addresses changed (None: many, a namespace's)."""
         if changed and self.on_groups_changed is not None:
-            self.on_groups_changed(changed)
+            self.on_groups_changed(changed, pods)
         affected: set[PodKey] = set()
         for group in changed:
             for key in self.groups.peer_users(group):

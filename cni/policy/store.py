@@ -36,6 +36,7 @@ class ObjectStore:
         self._policies_by_namespace: dict[str, set[PolicyKey]] = {}
         self.services: dict[ServiceKey, Service] = {}
         self.refused: set[PolicyKey] = set()  # policies sluice could not read whole
+        self._claims: dict[str, set[PodKey]] = {}  # address -> the pods that have it
 
     # Namespaces. One that has pods but no Namespace object (a manifest that
     # never declared it) exists too, with only the name label the API server
@@ -66,7 +67,13 @@ class ObjectStore:
             yield from pods.values()
 
     def put_pod(self, pod: Pod) -> None:
-        self._pods.setdefault(pod.namespace, {})[pod.name] = pod
+        pods = self._pods.setdefault(pod.namespace, {})
+        old = pods.get(pod.name)
+        pods[pod.name] = pod
+        if old is None or old.ips != pod.ips:
+            self._unclaim(old)
+            for ip in pod.ips:
+                self._claims.setdefault(ip, set()).add(pod.key)
 
     def remove_pod(self, key: PodKey) -> Pod | None:
         pods = self._pods.get(key[0])
@@ -75,7 +82,20 @@ class ObjectStore:
         pod = pods.pop(key[1], None)
         if not pods:
             del self._pods[key[0]]
+        self._unclaim(pod)
         return pod
+
+    def claimants(self, ip: str) -> set[PodKey]:
+        """The pods whose addresses include ``ip`` (more than one while the API still
+        reports a gone pod's address that a new pod was given)."""
+        return self._claims.get(ip, set())
+
+    def _unclaim(self, pod: Pod | None) -> None:
+        for ip in pod.ips if pod is not None else ():
+            holders = self._claims[ip]
+            holders.discard(pod.key)
+            if not holders:
+                del self._claims[ip]
 
     # Policies.
 
