@@ -202,6 +202,23 @@ class KubeMatrix:
             self._wait_service(pod)
         return pods
 
+    def remove_pods(self, keys: Iterable[str]) -> None:
+        """Delete pods (and their Services), waiting until they are gone."""
+        for key in keys:
+            pod = self.pods.pop(key)
+            pod.stop_serving()
+            self.cluster.kubectl(
+                "delete", "-n", pod.namespace, f"pod/{pod.name}", f"service/s-{pod.name}",
+                "--ignore-not-found", "--wait=true", timeout=120,
+            )  # fmt: skip
+
+    def remove_namespace(self, label: str) -> None:
+        """Delete a namespace with its pods, waiting until it is gone."""
+        name = self.namespaces.pop(label)
+        for key in [k for k, pod in self.pods.items() if pod.namespace == name]:
+            self.pods.pop(key).stop_serving()
+        self.cluster.kubectl("delete", "namespace", name, "--wait=true", timeout=180)
+
     def relabel(self, key: str, **labels: str | None) -> None:
         pod = self.pods[key]
         self.cluster.kubectl(

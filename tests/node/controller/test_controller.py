@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from cni.agent.enforcer import NotReady
 from cni.controller.controller import Controller
 from cni.controller.sharding import placement_hash, shard_count
 from cni.kube.api import Api, Gone
@@ -719,3 +720,78 @@ def test_an_informer_lists_from_the_watch_cache_and_lists_again_after_410(
     finally:
         informer.stop()
         watching.close()
+
+
+def test_only_the_controllers_objects_count(
+    k8s_control_plane: Cluster,
+    api: Api,
+    prefix: str,
+    controllers: list[ControllerProcess],
+    agents: list[SimulatedAgent],
+    tmp_path: Path,
+) -> None:
+    """Objects of sluice's kinds that the controller did not write, as a writer whom
+    RBAC and the admission policy let through (here: an administrator, with neither
+    installed) would make them: a shard under another name shadows no real shard and
+    the controller deletes it; a PolicyTargets entry without a uid matches no pod."""
+    node, namespace = f"{prefix}-n0", f"{prefix}-p"
+    peers = [Pod(namespace, f"peer{i}", labels_of({"app": "peer"}), (f"10.9.3.{i}",), node)
+             for i in (1, 2)]  # fmt: skip
+    target = Pod(namespace, "target", labels_of({"app": "t"}), ("10.9.4.1",), node)
+    rule = PolicyRule((Peer(pod_selector=select(app="peer")),))
+    create_world(
+        api,
+        [node],
+        [Namespace(namespace, labels_of({NAMESPACE_NAME_LABEL: namespace}))],
+        [*peers, target],
+        [NetworkPolicy(namespace, "allow", select(app="t"), (), (rule,))],
+    )
+    start_controller(k8s_control_plane, controllers, tmp_path, "leader")
+    agent = SimulatedAgent(Api(str(k8s_control_plane.kubeconfig)), node, "controller")
+    agents.append(agent)
+    agent.start()
+    agent.wait_ready()
+    agent.wire(target.key, target.ips)
+
+    def allowed() -> set[str]:
+        installed = agent.policy_of(target.key)
+        assert installed is not None and installed.ingress is not None
+        return {peer.cidr for rule in installed.ingress for peer in rule.peers}
+
+    eventually(lambda: allowed() == {"10.9.3.1/32", "10.9.3.2/32"}, "the peers allowed")
+    set_id = objects.address_set_id(AddressSetKey(PodGroup(namespace, None, select(app="peer"))))
+    real = published(api)[(ADDRESS_SET, objects.address_set_name(set_id, 0))]
+    forged = {
+        "apiVersion": real["apiVersion"],
+        "kind": ADDRESS_SET,
+        "metadata": {"name": f"{set_id}-forged", "labels": real["metadata"]["labels"]},
+        "spec": {
+            **real["spec"],
+            "pods": [*real["spec"]["pods"], {"pod": f"{namespace}/intruder", "ips": ["10.9.9.9"]}],
+        },
+    }
+    api.create(objects.collection_path(ADDRESS_SET), forged)
+    eventually(
+        lambda: (ADDRESS_SET, forged["metadata"]["name"]) not in published(api),
+        "the controller deletes the forgery",
+    )
+    agent.enforcer.enforce_now(list(agent.enforcer.endpoints))
+    assert allowed() == {"10.9.3.1/32", "10.9.3.2/32"}
+    for install in agent.datapath.installs:
+        peers_installed = {p.cidr for r in install.policy.ingress or () for p in r.peers}
+        assert "10.9.9.9/32" not in peers_installed, "the forged shard was installed"
+
+    # Without the controller, its PolicyTargets rewritten with an entry that names no
+    # uid: a new pod of that name is not the one the entry was written for.
+    for process in controllers:
+        process.stop()
+    newcomer = Pod(namespace, "newcomer", labels_of({"app": "t"}), ("10.9.4.2",), node)
+    create_world(api, pods=[newcomer])
+    name = objects.policy_targets_name(node, 0)
+    targets = published(api)[(POLICY_TARGETS, name)]
+    targets["spec"]["pods"].append(
+        {"pod": f"{namespace}/newcomer", "uid": "", "policies": ["allow"]}
+    )
+    write(api, targets)
+    with pytest.raises(NotReady, match=r"has not published pod .*/newcomer"):
+        agent.wire(newcomer.key, newcomer.ips, wait=3)
