@@ -77,7 +77,7 @@ def secured(k8s_control_plane: Cluster) -> Iterator[Cluster]:
             admin.create(objects.collection_path(ADDRESS_SET), copy.deepcopy(probe))
         except ApiError as err:
             return err.status == 403
-        admin.delete(objects.object_path(ADDRESS_SET, probe["metadata"]["name"]))
+        admin.delete(f"{objects.collection_path(ADDRESS_SET)}/{probe['metadata']['name']}")
         return False
 
     try:
@@ -104,8 +104,8 @@ def writes(api: Api, body: dict[str, Any]) -> str:
     try:
         stored = api.create(objects.collection_path(ADDRESS_SET), copy.deepcopy(body))
         stored["spec"]["pods"] = [{"pod": "x/intruder", "ips": ["10.9.9.9"]}]
-        api.replace(objects.object_path(ADDRESS_SET, name), stored)
-        api.delete(objects.object_path(ADDRESS_SET, name))
+        api.replace(f"{objects.collection_path(ADDRESS_SET)}/{name}", stored)
+        api.delete(f"{objects.collection_path(ADDRESS_SET)}/{name}")
     except ApiError as err:
         return f"{err.status} {err}"
     return "ok"
@@ -178,13 +178,16 @@ def test_only_the_controllers_service_account_writes_policy_objects(
         # The tenant may do anything in its namespace, and nothing to sluice's kinds.
         tenant = writes(clients["tenant"], address_set(set_id))
         assert tenant.startswith("403") and "cannot create resource" in tenant, tenant
-        for kind in (POLICY_ENDPOINTS, ADDRESS_SET):
-            with pytest.raises(ApiError) as namespaced:
-                clients["tenant"].create(
-                    f"{objects.API_BASE}/namespaces/{tenant_ns}/{objects.PLURALS[kind]}",
-                    address_set(set_id),
-                )
-            assert namespaced.value.status == 404, namespaced.value  # no namespaced kind
+        # Nor through a namespaced path: there is none (a Role would reach it).
+        forged_policy = objects.policy_endpoints_object(
+            NetworkPolicy(tenant_ns, "allow-all", LabelSelector()), "uid-1", 1, [], []
+        )
+        forged_policy["metadata"]["namespace"] = tenant_ns
+        with pytest.raises(ApiError) as namespaced:
+            clients["tenant"].create(
+                f"{objects.API_BASE}/namespaces/{tenant_ns}/policyendpoints", forged_policy
+            )
+        assert namespaced.value.status == 404, namespaced.value
         # RBAC lets the other operator and the administrator; the admission policy not.
         for who, api in (("operator", clients["operator"]), ("admin", admin)):
             refused = writes(api, address_set(set_id))
@@ -195,7 +198,7 @@ def test_only_the_controllers_service_account_writes_policy_objects(
         # Nobody else deletes what the controller wrote, either.
         kept = address_set(f"as-kept{uuid.uuid4().hex[:6]}")
         clients["controller"].create(objects.collection_path(ADDRESS_SET), kept)
-        path = objects.object_path(ADDRESS_SET, kept["metadata"]["name"])
+        path = f"{objects.collection_path(ADDRESS_SET)}/{kept['metadata']['name']}"
         with pytest.raises(ApiError) as deleted:
             clients["operator"].delete(path)
         assert deleted.value.status == 403
@@ -235,9 +238,9 @@ def test_the_controller_publishes_with_its_service_account(
         "--lease-namespace", "kube-system",
     ).start()  # fmt: skip
     try:
-        name = objects.policy_endpoints_name(namespace, "deny")
+        path = f"{objects.collection_path(POLICY_ENDPOINTS)}/{namespace}.deny"
         published = eventually(
-            lambda: admin.get(objects.object_path(POLICY_ENDPOINTS, name)),
+            lambda: admin.get(path),
             "the controller publishes the policy's PolicyEndpoints",
         )
         assert published["spec"]["policyNamespace"] == namespace
