@@ -194,9 +194,11 @@ class Enforcer:
         and no other pod still holds one of its addresses (an identity to inherit)."""
         with self.lock:
             if not self._pods_known.wait_for(
-                lambda: pod in self.source_pods
-                and self.index.incomplete(pod) is None
-                and self.index.address_held(pod, ips) is None,
+                lambda: (
+                    pod in self.source_pods
+                    and self.index.incomplete(pod) is None
+                    and self.index.address_held(pod, ips) is None
+                ),
                 timeout=wait,
             ):
                 if pod not in self.source_pods:
