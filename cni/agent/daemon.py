@@ -126,6 +126,8 @@ class Agent:
             self.metrics.observe,
             index=ShardIndex(self.node_name) if by_controller else None,
         )
+        refused = self.enforcer.index.store.refused  # a set: len() is one atomic read
+        self.metrics.count_refused(lambda: len(refused))
         self._finish_cut_off_pairs()
         self.enforcer.start(self._adopt_endpoints())
         self.local_store: LocalStore | None = None

@@ -174,7 +174,7 @@ class Enforcer:
         now; queue the endpoints whose peers it changes. Returns its generation."""
         self.wait_ready(wait)
         if self.require_known_pods and record.pod is not None:
-            self._wait_known(record.pod, wait)
+            self._wait_known(record.pod, wait, record.ips)
         self.state.put_endpoint(record)
         with self.lock:
             old = self.endpoints.get(record.key)
@@ -189,18 +189,24 @@ class Enforcer:
             self._queue(self._endpoints_of(affected) - {record.key})
         return self._enforce(record.key, must_install=True)
 
-    def _wait_known(self, pod: PodKey, wait: float) -> None:
-        """Until the source knows the pod and the resolver has every input of its policy."""
+    def _wait_known(self, pod: PodKey, wait: float, ips: tuple[str, ...] = ()) -> None:
+        """Until the source knows the pod, the resolver has every input of its policy,
+        and no other pod still holds one of its addresses (an identity to inherit)."""
         with self.lock:
             if not self._pods_known.wait_for(
-                lambda: pod in self.source_pods and self.index.incomplete(pod) is None,
+                lambda: (
+                    pod in self.source_pods
+                    and self.index.incomplete(pod) is None
+                    and self.index.address_held(pod, ips) is None
+                ),
                 timeout=wait,
             ):
                 if pod not in self.source_pods:
                     raise NotReady(f"the agent does not know pod {pod[0]}/{pod[1]} yet")
+                held = self.index.address_held(pod, ips)
                 raise NotReady(
                     f"the policy of pod {pod[0]}/{pod[1]} is not known yet: "
-                    f"{self.index.incomplete(pod)}"
+                    f"{held or self.index.incomplete(pod)}"
                 )
 
     def endpoint_gone(self, key: EndpointKey) -> None:
@@ -405,6 +411,7 @@ class Enforcer:
                         "ingressRules": len(found.rules("ingress")),
                         "egressRules": len(found.rules("egress")),
                         "localPods": selects,
+                        "refused": list(found.refusals),  # what it could not read, and why
                     }
                 )
             return out

@@ -23,7 +23,7 @@ from cni.kube.api import Api
 from cni.kube.informer import Informer
 from cni.kube.memory import release_free_memory
 from cni.policy.model import Namespace, NetworkPolicy, Pod, Service
-from cni.policy.parse import parse_namespace, parse_network_policy, parse_pod, parse_service
+from cni.policy.parse import parse_namespace, parse_pod, parse_service, read_network_policy
 
 log = logging.getLogger("sluice.k8s")
 
@@ -38,7 +38,7 @@ COLLECTIONS: tuple[Collection, ...] = (
         "networkpolicies",
         NetworkPolicy,
         "/apis/networking.k8s.io/v1/networkpolicies",
-        parse_network_policy,
+        read_network_policy,  # fails closed: what it cannot read isolates, allows nothing
         {},
     ),
 )

@@ -11,10 +11,10 @@ wait for none: the reaper and the enforcer's batches do).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -45,7 +45,18 @@ class Metrics:
             registry=self.registry,
         )
         self.registry.register(_Scraped(conf, datapath))
+        self.refused = Gauge(
+            "sluice_policies_refused",
+            "NetworkPolicies the API server accepted that sluice cannot read whole: they "
+            "isolate what they select, what cannot be read allows nothing "
+            "(`sluicectl get policies` says why).",
+            registry=self.registry,
+        )
         self._server: Any = None
+
+    def count_refused(self, count: Callable[[], int]) -> None:
+        """Where the number of refused policies is read at each scrape."""
+        self.refused.set_function(count)
 
     def cni_call(self, verb: str, rc: int, seconds: float) -> None:
         self.cni.labels(verb or "-", "ok" if rc == 0 else "error").observe(seconds)

@@ -107,16 +107,20 @@ def get(conf_path: str | None, what: str, output: str) -> None:
             for e in items
         ]
     else:
-        columns = ["policy", "types", "local pods"]
+        # A refused policy (the API server accepted it, sluice cannot read all of it)
+        # isolates what it selects; what it could not read allows nothing.
+        columns = ["policy", "types", "status", "local pods"]
         if output == "wide":
-            columns += ["ingress rules", "egress rules"]
+            columns += ["ingress rules", "egress rules", "refused because"]
         rows = [
             {
                 "policy": p["policy"],
                 "types": ",".join(p["policyTypes"]),
+                "status": "refused" if p.get("refused") else "enforced",
                 "local pods": ",".join(p["localPods"]) or "-",
                 "ingress rules": str(p["ingressRules"]),
                 "egress rules": str(p["egressRules"]),
+                "refused because": "; ".join(p.get("refused") or ()) or "-",
             }
             for p in items
         ]

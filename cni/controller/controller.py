@@ -34,15 +34,28 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from cni.controller.publisher import ADDRESS_SET_CAPACITY, TARGETS_CAPACITY, Plan, Publisher, Write
+from cni.controller.publisher import (
+    ADDRESS_SET_CAPACITY,
+    TARGETS_CAPACITY,
+    Plan,
+    PolicyRecord,
+    Publisher,
+    Write,
+)
 from cni.kube.api import Api, ApiError
 from cni.kube.informer import Informer
 from cni.kube.lease import LEASE_SECONDS, RENEW_DEADLINE_SECONDS, RETRY_SECONDS, LeaderElector
 from cni.kube.memory import limit_malloc_arenas, release_free_memory
-from cni.policy.model import NetworkPolicy
-from cni.policy.parse import parse_namespace, parse_network_policy, parse_pod
+from cni.policy.model import Namespace, Pod
+from cni.policy.parse import parse_namespace, parse_pod, read_network_policy
 from cni.policy.published import objects
-from cni.policy.published.objects import ADDRESS_SET, POLICY_ENDPOINTS, POLICY_TARGETS, ShardInfo
+from cni.policy.published.objects import (
+    ADDRESS_SET,
+    INFO_TYPES,
+    POLICY_ENDPOINTS,
+    POLICY_TARGETS,
+    ShardInfo,
+)
 
 log = logging.getLogger("sluice.k8s")
 
@@ -51,19 +64,30 @@ BATCH_SECONDS = 0.05  # let a burst of events gather into one plan
 WRITERS = 4  # concurrent API writes within one phase of a plan
 
 
-def parse_policy_with_meta(raw: dict[str, Any]) -> tuple[NetworkPolicy, str, int]:
-    """A NetworkPolicy with its uid and generation (what its PolicyEndpoints record)."""
+def parse_policy_record(raw: dict[str, Any]) -> PolicyRecord:
+    """A NetworkPolicy with its uid and generation (what its PolicyEndpoints record),
+    read failing closed: what sluice cannot read is published as refused, so agents
+    isolate what it selects (never dropped, which would unisolate its pods)."""
     meta = raw.get("metadata") or {}
-    return parse_network_policy(raw), str(meta.get("uid") or ""), int(meta.get("generation") or 1)
+    return PolicyRecord(
+        read_network_policy(raw), str(meta.get("uid") or ""), int(meta.get("generation") or 1)
+    )
 
 
-INPUTS: tuple[tuple[str, str, Callable[[dict[str, Any]], Any]], ...] = (
-    ("namespaces", "/api/v1/namespaces", parse_namespace),
-    ("pods", "/api/v1/pods", parse_pod),
-    ("networkpolicies", "/apis/networking.k8s.io/v1/networkpolicies", parse_policy_with_meta),
-    (POLICY_ENDPOINTS, objects.collection_path(POLICY_ENDPOINTS), objects.shard_info),
-    (ADDRESS_SET, objects.collection_path(ADDRESS_SET), objects.shard_info),
-    (POLICY_TARGETS, objects.collection_path(POLICY_TARGETS), objects.shard_info),
+# (collection, the kind of its objects, path, parse), as the agent's sources have them.
+INPUTS: tuple[tuple[str, type, str, Callable[[dict[str, Any]], Any]], ...] = (
+    ("namespaces", Namespace, "/api/v1/namespaces", parse_namespace),
+    ("pods", Pod, "/api/v1/pods", parse_pod),
+    (
+        "networkpolicies",
+        PolicyRecord,
+        "/apis/networking.k8s.io/v1/networkpolicies",
+        parse_policy_record,
+    ),
+    *(
+        (kind, INFO_TYPES[kind], objects.collection_path(kind), objects.shard_info)
+        for kind in (POLICY_ENDPOINTS, ADDRESS_SET, POLICY_TARGETS)
+    ),
 )
 
 
@@ -90,7 +114,8 @@ class Controller:
         self.publisher = Publisher(capacity, targets_capacity)
         self.lock = threading.Lock()
         self._wake = threading.Condition(self.lock)
-        self.informers = [Informer(api, kind, path, parse, self) for kind, path, parse in INPUTS]
+        self.kinds = {name: kind for name, kind, _, _ in INPUTS}
+        self.informers = [Informer(api, name, path, parse, self) for name, _, path, parse in INPUTS]
         self.elector = LeaderElector(
             api,
             lease_namespace,
@@ -147,39 +172,15 @@ class Controller:
 
     def replace(self, kind: str, items: list[Any]) -> None:
         with self.lock:
-            if kind == "namespaces":
-                self.publisher.replace_namespaces(items)
-            elif kind == "pods":
-                self.publisher.replace_pods(items)
-            elif kind == "networkpolicies":
-                self.publisher.replace_policies(items)
-            else:
-                self.publisher.replace_published(kind, items)
+            self.publisher.replace_all(self.kinds[kind], items)
             self._wake.notify_all()
 
     def change(self, kind: str, event: str, item: Any) -> None:
-        deleted = event == "DELETED"
         with self.lock:
-            if kind == "namespaces":
-                if deleted:
-                    self.publisher.remove_namespace(item.name)
-                else:
-                    self.publisher.put_namespace(item)
-            elif kind == "pods":
-                if deleted:
-                    self.publisher.remove_pod(item.key)
-                else:
-                    self.publisher.put_pod(item)
-            elif kind == "networkpolicies":
-                policy, uid, generation = item
-                if deleted:
-                    self.publisher.remove_policy(policy.key)
-                else:
-                    self.publisher.put_policy(policy, uid, generation)
-            elif deleted:
-                self.publisher.forget(item)
+            if event == "DELETED":
+                self.publisher.delete(item)
             else:
-                self.publisher.observe(item)
+                self.publisher.upsert(item)
             self._wake.notify_all()
 
     # -- publishing ---------------------------------------------------------------------------
@@ -255,11 +256,10 @@ class Controller:
         """Carry out one write; the verb done, "failed", or "" (not leading any more)."""
         if not self._still_leading(term):
             return ""
-        path = objects.object_path(write.kind, write.namespace, write.name)
+        path = objects.object_path(write.kind, write.name)
         try:
             if write.verb == "create":
-                collection = objects.collection_path(write.kind, write.namespace or None)
-                stored = self.api.create(collection, write.body)
+                stored = self.api.create(objects.collection_path(write.kind), write.body)
             elif write.verb == "replace":
                 stored = self.api.replace(path, write.body)
             else:
@@ -276,7 +276,7 @@ class Controller:
     def _delete(self, info: ShardInfo, term: int) -> str:
         if not self._still_leading(term):
             return ""
-        path = objects.object_path(info.kind, info.namespace, info.name)
+        path = objects.object_path(info.kind, info.name)
         try:
             self.api.delete(path)
         except ApiError as err:

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cni.controller.sharding import placement_hash, shard_count
+from cni.policy.kinds import ByKind, Handlers
 from cni.policy.model import Namespace, NetworkPolicy, Pod, PodKey, PolicyKey
 from cni.policy.published import objects
 from cni.policy.published.objects import (
@@ -50,8 +51,17 @@ log = logging.getLogger("sluice.k8s")
 ADDRESS_SET_CAPACITY = 200  # pods per AddressSet shard: a rewrite sends ~10 KB
 TARGETS_CAPACITY = 250  # pods per PolicyTargets shard (a node runs 110 by default)
 
-ObjectKey = tuple[str, str, str]  # (kind, namespace, name)
+ObjectKey = tuple[str, str]  # (kind, name): every kind is cluster-scoped
 SetKey = tuple[str, str, str]  # (kind, namespace, set name)
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyRecord:
+    """A NetworkPolicy with what its PolicyEndpoints record of it: uid and generation."""
+
+    policy: NetworkPolicy
+    uid: str
+    generation: int
 
 
 @dataclass(frozen=True)
@@ -59,7 +69,6 @@ class Write:
     """Create or replace an object (``body``), or only set its labels (``relabel``)."""
 
     kind: str
-    namespace: str
     name: str
     body: dict[str, Any]
     verb: str  # "create", "replace" or "relabel"
@@ -68,7 +77,7 @@ class Write:
 
     @property
     def key(self) -> ObjectKey:
-        return (self.kind, self.namespace, self.name)
+        return (self.kind, self.name)
 
 
 @dataclass
@@ -117,7 +126,6 @@ class Publisher:
         self._policy_targets: dict[PolicyKey, set[PodKey]] = {}
         self._target_nodes: dict[PolicyKey, Counter[str]] = {}
         self._hashes: dict[PodKey, int] = {}
-        self._changing_pod: PodKey | None = None
         # What to plan again. A set's pods, or None for every shard.
         self._dirty_policies: set[PolicyKey] = set()
         self._dirty_sets: dict[AddressSetKey, set[PodKey] | None] = {}
@@ -127,8 +135,46 @@ class Publisher:
         # What is published: the controller's view of its own objects.
         self._published: dict[ObjectKey, ShardInfo] = {}
         self._published_sets: dict[SetKey, dict[str, ShardInfo]] = {}
+        # Objects of our kinds that are no shard the controller writes (a name their
+        # spec does not derive): agents ignore them, and the next plan deletes them.
+        self._foreign: dict[ObjectKey, ShardInfo] = {}
+        self.kinds: ByKind[None] = ByKind(self._handlers(), lambda _: None, "the publisher")
 
-    # -- inputs --------------------------------------------------------------------------
+    # -- inputs, by kind ---------------------------------------------------------------------
+
+    def _handlers(self) -> dict[type, Handlers[None]]:
+        def published(kind: str) -> Handlers[None]:
+            return Handlers(
+                self.observe, self.forget, replace=lambda infos: self.replace_published(kind, infos)
+            )
+
+        return {
+            Namespace: Handlers(
+                self.put_namespace,
+                lambda namespace: self.remove_namespace(namespace.name),
+                replace=self.replace_namespaces,
+            ),
+            Pod: Handlers(
+                self.put_pod, lambda pod: self.remove_pod(pod.key), replace=self.replace_pods
+            ),
+            PolicyRecord: Handlers(
+                lambda record: self.put_policy(record.policy, record.uid, record.generation),
+                lambda record: self.remove_policy(record.policy.key),
+                replace=lambda records: self.replace_policies(
+                    (r.policy, r.uid, r.generation) for r in records
+                ),
+            ),
+            **{info_type: published(kind) for kind, info_type in objects.INFO_TYPES.items()},
+        }
+
+    def upsert(self, obj: Any) -> None:
+        self.kinds.upsert(obj)
+
+    def delete(self, obj: Any) -> None:
+        self.kinds.delete(obj)
+
+    def replace_all(self, kind: type, items: Iterable[Any]) -> None:
+        self.kinds.replace_all(kind, items)
 
     def put_namespace(self, namespace: Namespace) -> None:
         self.index.upsert_namespace(namespace)
@@ -137,19 +183,11 @@ class Publisher:
         self.index.delete_namespace(name)
 
     def put_pod(self, pod: Pod) -> None:
-        self._changing_pod = pod.key
-        try:
-            self.index.upsert_pod(pod)
-        finally:
-            self._changing_pod = None
+        self.index.upsert_pod(pod)
         self._retarget(pod.key)
 
     def remove_pod(self, key: PodKey) -> None:
-        self._changing_pod = key
-        try:
-            self.index.delete_pod(key)
-        finally:
-            self._changing_pod = None
+        self.index.delete_pod(key)
         self._retarget(key)
         self._hashes.pop(key, None)
 
@@ -199,7 +237,14 @@ class Publisher:
 
     def observe(self, info: ShardInfo) -> None:
         """An object of ours as the API has it now (listed, watched, or just written).
-        A change the plan did not make (someone edited or deleted it) is planned again."""
+        A change the plan did not make (someone edited or deleted it) is planned again;
+        an object that is no shard of ours is deleted (``_foreign``)."""
+        if info.foreign and info.name != info.derived_name:
+            log.warning("deleting %s %s: %s", info.kind, info.name, info.foreign)
+            self._forget_published(info)
+            self._foreign[info.object_key] = info
+            return
+        self._foreign.pop(info.object_key, None)
         old = self._published.get(info.object_key)
         self._published[info.object_key] = info
         self._published_sets.setdefault(info.set_key, {})[info.name] = info
@@ -209,17 +254,24 @@ class Publisher:
 
     def forget(self, info: ShardInfo) -> None:
         """An object of ours is gone."""
-        if self._published.pop(info.object_key, None) is None:
-            return
-        shards = self._published_sets.get(info.set_key)
+        self._foreign.pop(info.object_key, None)
+        if self._forget_published(info):
+            self._recheck(info)
+
+    def _forget_published(self, info: ShardInfo) -> bool:
+        old = self._published.pop(info.object_key, None)
+        if old is None:
+            return False
+        shards = self._published_sets.get(old.set_key)
         if shards is not None:
-            shards.pop(info.name, None)
+            shards.pop(old.name, None)
             if not shards:
-                del self._published_sets[info.set_key]
-        self._recheck(info)
+                del self._published_sets[old.set_key]
+        return True
 
     def replace_published(self, kind: str, infos: Iterable[ShardInfo]) -> None:
-        for old in [i for k, i in self._published.items() if k[0] == kind]:
+        held = [*self._published.items(), *self._foreign.items()]
+        for old in [info for key, info in held if key[0] == kind]:
             self.forget(old)
         for info in infos:
             self.observe(info)
@@ -228,7 +280,7 @@ class Publisher:
         """Plan the set of an object that changed behind our back again (a no-op when
         it is what the plan would write)."""
         if info.kind == POLICY_ENDPOINTS:
-            self._dirty_policies.add((info.namespace, info.set_name))
+            self._dirty_policies.add((info.set_namespace, info.set_name))
         elif info.kind == POLICY_TARGETS:
             self._dirty_nodes.add(info.set_name)
         else:
@@ -249,7 +301,9 @@ class Publisher:
         first plan, made once its caches have synced."""
         self._dirty_policies |= set(self.index.store.policies)
         self._dirty_policies |= {
-            (k[1], i.set_name) for k, i in self._published.items() if k[0] == POLICY_ENDPOINTS
+            (i.set_namespace, i.set_name)
+            for k, i in self._published.items()
+            if k[0] == POLICY_ENDPOINTS
         }
         for key in self._sets:
             self._dirty_sets[key] = None
@@ -260,7 +314,13 @@ class Publisher:
         self._sweep = True
 
     def pending(self) -> bool:
-        return bool(self._dirty_policies or self._dirty_sets or self._dirty_nodes or self._sweep)
+        return bool(
+            self._dirty_policies
+            or self._dirty_sets
+            or self._dirty_nodes
+            or self._sweep
+            or self._foreign
+        )
 
     def pending_counts(self) -> dict[str, int]:
         return {
@@ -299,6 +359,7 @@ class Publisher:
             self._plan_targets(plan, node)
         if sweep:
             plan.deletions += self._orphans()
+        plan.deletions += self._foreign.values()
         seen: set[ObjectKey] = set()
         plan.deletions = [
             d for d in plan.deletions if not (d.object_key in seen or seen.add(d.object_key))
@@ -309,12 +370,12 @@ class Publisher:
         """A write or deletion failed (a conflict, or the API is away): plan its set again."""
         kind = write_or_deletion.kind
         if kind == POLICY_ENDPOINTS:
-            name = (
-                write_or_deletion.set_name
-                if isinstance(write_or_deletion, ShardInfo)
-                else write_or_deletion.body["spec"]["policyName"]
-            )
-            self._dirty_policies.add((write_or_deletion.namespace, name))
+            if isinstance(write_or_deletion, ShardInfo):
+                policy = (write_or_deletion.set_namespace, write_or_deletion.set_name)
+            else:
+                spec = write_or_deletion.body["spec"]
+                policy = (spec["policyNamespace"], spec["policyName"])
+            self._dirty_policies.add(policy)
         elif kind == POLICY_TARGETS:
             node = (
                 write_or_deletion.set_name
@@ -339,11 +400,9 @@ class Publisher:
         if state is None:
             return  # retired: deleted below
         group_members = self.index.groups.members(key.group)
-        admitted = [
-            pod
-            for pod in map(self.index.store.pod, group_members)
-            if pod is not None and key.admits(pod)
-        ]
+        # Each pod with the addresses it holds alone (see PolicyIndex.peer_view).
+        views = (self.index.peer_view(p) for p in map(self.index.store.pod, group_members) if p)
+        admitted = [pod for pod in views if key.admits(pod)]
         hashes = [self._hash(pod.key) for pod in admitted]
         current = state.count or self._published_count(ADDRESS_SET, "", state.id)
         count = shard_count(hashes, self.capacity, current)
@@ -364,7 +423,7 @@ class Publisher:
         for index in sorted(wanted):
             pods = sorted(by_shard[index], key=lambda pod: pod.key)
             body = objects.address_set_object(key, index, count, pods, nodes)
-            self._plan_write(plan, ADDRESS_SET, "", body)
+            self._plan_write(plan, ADDRESS_SET, body)
         if changed is None:
             plan.deletions += [
                 info
@@ -381,7 +440,7 @@ class Publisher:
         set_ids = [self._sets[set_key].id for set_key in self._policy_sets.get(key, ())]
         nodes = sorted(self._target_nodes.get(key, ()))
         body = objects.policy_endpoints_object(policy, uid, generation, set_ids, nodes)
-        self._plan_write(plan, POLICY_ENDPOINTS, key[0], body)
+        self._plan_write(plan, POLICY_ENDPOINTS, body)
 
     def _plan_targets(self, plan: Plan, node: str) -> None:
         pods = sorted(self._node_pods.get(node, ()))
@@ -398,28 +457,26 @@ class Publisher:
             entries[h % count].append(TargetEntry(pod, selection.uid, selection.policies))
         for index in range(count):
             body = objects.policy_targets_object(node, index, count, entries[index])
-            self._plan_write(plan, POLICY_TARGETS, "", body)
+            self._plan_write(plan, POLICY_TARGETS, body)
         plan.deletions += [info for info in published if info.index >= count]
 
-    def _plan_write(self, plan: Plan, kind: str, namespace: str, body: dict[str, Any]) -> None:
+    def _plan_write(self, plan: Plan, kind: str, body: dict[str, Any]) -> None:
         name = body["metadata"]["name"]
         labels = body["metadata"]["labels"]
-        published = self._published.get((kind, namespace, name))
+        published = self._published.get((kind, name))
         if published is None:
-            plan.writes.append(Write(kind, namespace, name, body, "create"))
+            plan.writes.append(Write(kind, name, body, "create"))
             return
         if published.content != objects.spec_hash(body["spec"]):
             body["metadata"]["resourceVersion"] = published.resource_version
-            plan.writes.append(
-                Write(kind, namespace, name, body, "replace", published.resource_version)
-            )
+            plan.writes.append(Write(kind, name, body, "replace", published.resource_version))
             return
         have = dict(published.labels)
         if have != labels:
             patch: dict[str, str | None] = {k: v for k, v in labels.items() if have.get(k) != v}
             patch.update({k: None for k in have if k not in labels})
             plan.writes.append(
-                Write(kind, namespace, name, body, "relabel", published.resource_version, patch)
+                Write(kind, name, body, "relabel", published.resource_version, patch)
             )
 
     def _published_shards(self, kind: str, namespace: str, set_name: str) -> list[ShardInfo]:
@@ -440,7 +497,7 @@ class Publisher:
         orphans = []
         for info in self._published.values():
             if info.kind == POLICY_ENDPOINTS:
-                gone = self.index.policy((info.namespace, info.set_name)) is None
+                gone = self.index.policy((info.set_namespace, info.set_name)) is None
             elif info.kind == ADDRESS_SET:
                 gone = info.set_name not in set_ids
             else:
@@ -457,17 +514,16 @@ class Publisher:
             h = self._hashes[key] = placement_hash(objects.pod_name(key))
         return h
 
-    def _groups_changed(self, groups: set[PodGroup]) -> None:
-        pod = self._changing_pod
+    def _groups_changed(self, groups: set[PodGroup], pods: set[PodKey] | None) -> None:
         for group in groups:
             for key in self._sets_of_group.get(group, ()):
                 dirty = self._dirty_sets.get(key, set())
                 if dirty is None:
                     continue
-                if pod is None:
+                if pods is None:
                     self._dirty_sets[key] = None  # a namespace changed: many pods
                 else:
-                    dirty.add(pod)
+                    dirty |= pods
                     self._dirty_sets[key] = dirty
 
     def _use_sets(self, policy: PolicyKey, keys: tuple[AddressSetKey, ...]) -> None:

@@ -85,7 +85,13 @@ def verdict(
     for rule, origin in zip(rules, resolved.origins(direction), strict=True):
         if rule_allows(rule, peer_address, port, protocol):
             return Verdict(True, f"allowed by {origin}", origin.policy, origin.rule_index)
-    return Verdict(False, f"isolated by policies [{names}]; no rule allows it")
+    refused = _refused_rules(index, resolved.policies(direction), direction)
+    unread = "".join(
+        f"; {_name(r.policy)} {direction} rule {r.rule_index} is refused and allows nothing"
+        f" ({r.reason})"
+        for r in refused
+    )
+    return Verdict(False, f"isolated by policies [{names}]; no rule allows it{unread}")
 
 
 # Explanations.
@@ -99,11 +105,21 @@ class AllowLine:
 
 
 @dataclass(frozen=True, slots=True)
+class RefusedRule:
+    """A rule of an isolating policy that sluice cannot read: it allows nothing."""
+
+    policy: PolicyKey
+    rule_index: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class DirectionExplanation:
     direction: Direction
     isolated: bool
     policies: tuple[PolicyKey, ...] = ()
     allows: tuple[AllowLine, ...] = ()
+    refused: tuple[RefusedRule, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +130,8 @@ class Explanation:
     host_network: bool
     selected_by: tuple[PolicyKey, ...]
     directions: tuple[DirectionExplanation, ...] = field(default=())
+    # The selecting policies sluice could not read whole, and what it could not read.
+    refused: dict[PolicyKey, tuple[str, ...]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for JSON or YAML."""
@@ -123,6 +141,7 @@ class Explanation:
             "labels": self.labels,
             "hostNetwork": self.host_network,
             "selectedBy": [_name(k) for k in self.selected_by],
+            "refused": {_name(k): list(v) for k, v in self.refused.items()},
         }
         for part in self.directions:
             out[part.direction] = {
@@ -138,6 +157,10 @@ class Explanation:
                     }
                     for line in part.allows
                 ],
+                "refusedRules": [
+                    {"policy": _name(r.policy), "rule": r.rule_index, "reason": r.reason}
+                    for r in part.refused
+                ],
             }
         return out
 
@@ -146,6 +169,11 @@ class Explanation:
         lines = [f"pod {_name(self.pod)} ({addresses})"]
         if self.host_network:
             lines.append("  hostNetwork: no policy applies to it")
+        for key, reasons in self.refused.items():
+            lines.append(
+                f"policy {_name(key)} is refused (the API server accepted it, sluice cannot "
+                f"read it all): {'; '.join(reasons)}"
+            )
         for part in self.directions:
             verb, towards = ("receive", "from") if part.direction == "ingress" else ("send", "to")
             if not part.isolated:
@@ -159,6 +187,11 @@ class Explanation:
                 lines.append(
                     f"  {towards} {', '.join(line.peers)} on {', '.join(line.ports)}"
                     f"  [{line.origin}]"
+                )
+            for refused in part.refused:
+                lines.append(
+                    f"  nothing by {_name(refused.policy)} {part.direction} rule "
+                    f"{refused.rule_index}: refused, {refused.reason}"
                 )
         return "\n".join(lines)
 
@@ -223,7 +256,20 @@ def explain(index: PolicyIndex, pod_key: PodKey) -> Explanation:
                 for rule, origin in zip(rules, resolved.origins(direction), strict=True)
             ),
         )
-        parts.append(DirectionExplanation(direction, True, resolved.policies(direction), lines))
+        parts.append(
+            DirectionExplanation(
+                direction,
+                True,
+                resolved.policies(direction),
+                lines,
+                _refused_rules(index, resolved.policies(direction), direction),
+            )
+        )
+    refused = {}
+    for key in resolved.selected_by:
+        policy = index.policy(key)
+        if policy is not None and policy.refused:
+            refused[key] = policy.refusals
     return Explanation(
         pod=pod_key,
         addresses=pod.ips,
@@ -231,4 +277,17 @@ def explain(index: PolicyIndex, pod_key: PodKey) -> Explanation:
         host_network=pod.host_network,
         selected_by=resolved.selected_by,
         directions=tuple(parts),
+        refused=refused,
     )
+
+
+def _refused_rules(
+    index: PolicyIndex, policies: tuple[PolicyKey, ...], direction: Direction
+) -> tuple[RefusedRule, ...]:
+    out = []
+    for key in policies:
+        policy = index.policy(key)
+        for i, rule in enumerate(policy.rules(direction) if policy is not None else ()):
+            if rule.refused:
+                out.append(RefusedRule(key, i, rule.refused))
+    return tuple(out)

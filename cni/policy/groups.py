@@ -165,6 +165,21 @@ class PodGroups:
             changed.add(group)
         return changed
 
+    def readdressed(self, pod: Pod) -> set[PodGroup]:
+        """Groups holding ``pod``, whose peers changed though its addresses did not (it
+        lost or regained an address another pod claims too)."""
+        candidates = list(self._by_namespace.get(pod.namespace, ()))
+        for selection in self._selections.values():
+            if pod.namespace in selection.namespaces:
+                candidates.extend(selection.groups)
+        changed = set()
+        for group in candidates:
+            state = self._groups[group]
+            if pod.key in state.members:
+                state.derived.clear()
+                changed.add(group)
+        return changed
+
     def namespace_changed(self, name: str) -> set[PodGroup]:
         """Groups that gained or lost pods because ``name`` started or stopped
         matching a namespace selector (new labels, or it appeared or vanished)."""

@@ -131,10 +131,14 @@ class PolicyPort:
 
 @dataclass(frozen=True, slots=True)
 class PolicyRule:
-    """An ingress or egress rule: no peers means every peer, no ports every port and protocol."""
+    """An ingress or egress rule: no peers means every peer, no ports every port and protocol.
+
+    ``refused`` (not ""): the API server accepted the rule but sluice cannot read it
+    (why); it allows nothing, and its policy still isolates what it selects."""
 
     peers: tuple[Peer, ...] = ()
     ports: tuple[PolicyPort, ...] = ()
+    refused: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,10 +149,18 @@ class NetworkPolicy:
     policy_types: tuple[str, ...] = ()  # as written; () applies Kubernetes' defaults
     ingress: tuple[PolicyRule, ...] = ()
     egress: tuple[PolicyRule, ...] = ()
+    # What sluice could not read of a policy the API server accepted (field: why), each
+    # read the safe way: an unreadable rule allows nothing, an unreadable podSelector
+    # selects every pod of the namespace, unreadable policyTypes isolate both directions.
+    refusals: tuple[str, ...] = ()
 
     @property
     def key(self) -> PolicyKey:
         return (self.namespace, self.name)
+
+    @property
+    def refused(self) -> bool:
+        return bool(self.refusals)
 
     def isolates(self, direction: Direction) -> bool:
         """Whether the pods this policy selects are isolated in ``direction``.

@@ -16,14 +16,15 @@ Conventions of the local store, as the API server has them:
 
 from __future__ import annotations
 
-import ipaddress
 import re
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
+from cni.policy.addresses import MAPPED_REFUSAL, IPNetwork, legacy_cidr, legacy_ip
 from cni.policy.errors import MISSING, PolicyInputError
 from cni.policy.model import (
+    EVERYTHING,
     NAMESPACE_NAME_LABEL,
     OPERATORS,
     PROTOCOLS,
@@ -218,18 +219,17 @@ class _Reader:
 
     def ip(self, value: object, path: str) -> str:
         try:
-            return str(ipaddress.ip_address(self.string(value, path)))
+            return str(legacy_ip(self.string(value, path)))
         except ValueError:
             self.fail(path, value, "is not an IP address")
 
-    def cidr(self, value: object, path: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    def cidr(self, value: object, path: str) -> IPNetwork:
         text = self.string(value, path)
         try:
-            if "/" not in text:
-                raise ValueError
-            return ipaddress.ip_network(text, strict=False)
-        except ValueError:
-            self.fail(path, value, "is not a valid CIDR")
+            return legacy_cidr(text)
+        except ValueError as err:
+            mapped = str(err) == MAPPED_REFUSAL
+            self.fail(path, value, MAPPED_REFUSAL if mapped else "is not a valid CIDR")
 
 
 def _api_version(reader: _Reader, obj: Mapping[str, Any]) -> None:
@@ -354,42 +354,116 @@ def _policy_port(reader: _Reader, value: object, path: str) -> PolicyPort:
     return PolicyPort(protocol, port, end_port)
 
 
-def _rules(reader: _Reader, value: object, path: str, peers_field: str) -> tuple[PolicyRule, ...]:
+def _rule(reader: _Reader, value: object, at: str, peers_field: str) -> PolicyRule:
+    rule = reader.mapping(value, at)
+    peers = reader.items(rule.get(peers_field), f"{at}.{peers_field}")
+    ports = reader.items(rule.get("ports"), f"{at}.ports")
+    return PolicyRule(
+        peers=tuple(_peer(reader, p, f"{at}.{peers_field}[{j}]") for j, p in enumerate(peers)),
+        ports=tuple(_policy_port(reader, p, f"{at}.ports[{j}]") for j, p in enumerate(ports)),
+    )
+
+
+def _rules(
+    reader: _Reader, value: object, path: str, peers_field: str, published: bool
+) -> tuple[PolicyRule, ...]:
     rules = []
     for i, rule in enumerate(reader.items(value, path)):
-        at = f"{path}[{i}]"
-        rule = reader.mapping(rule, at)
-        peers = reader.items(rule.get(peers_field), f"{at}.{peers_field}")
-        ports = reader.items(rule.get("ports"), f"{at}.ports")
-        rules.append(
-            PolicyRule(
-                peers=tuple(
-                    _peer(reader, p, f"{at}.{peers_field}[{j}]") for j, p in enumerate(peers)
-                ),
-                ports=tuple(
-                    _policy_port(reader, p, f"{at}.ports[{j}]") for j, p in enumerate(ports)
-                ),
-            )
-        )
+        if published and isinstance(rule, Mapping) and "refused" in rule:
+            rules.append(PolicyRule(refused=reader.string(rule["refused"], f"{path}[{i}].refused")))
+        else:
+            rules.append(_rule(reader, rule, f"{path}[{i}]", peers_field))
     return tuple(rules)
 
 
-def parse_network_policy(obj: Mapping[str, Any]) -> NetworkPolicy:
-    reader = _Reader("NetworkPolicy")
-    _api_version(reader, reader.mapping(obj, ""))
-    namespace, name = reader.metadata(obj, namespaced=True)
-    spec = reader.mapping(obj.get("spec"), "spec")
+def _policy_types(reader: _Reader, spec: Mapping[str, Any]) -> tuple[str, ...]:
     types = reader.items(spec.get("policyTypes"), "spec.policyTypes")
     for i, policy_type in enumerate(types):
         if policy_type not in POLICY_TYPES:
             reader.fail(f"spec.policyTypes[{i}]", policy_type, "is not one of Ingress, Egress")
+    return tuple(t for t in POLICY_TYPES if t in types)
+
+
+def parse_network_policy(obj: Mapping[str, Any], *, published: bool = False) -> NetworkPolicy:
+    """A NetworkPolicy read strictly: any field sluice cannot read is an error (for
+    manifests, refused whole). ``published``: the form the controller publishes, whose
+    rules may say they were refused (``render.policy_spec_json``)."""
+    reader = _Reader("NetworkPolicy")
+    _api_version(reader, reader.mapping(obj, ""))
+    namespace, name = reader.metadata(obj, namespaced=True)
+    spec = reader.mapping(obj.get("spec"), "spec")
+    refusals: tuple[str, ...] = ()
+    if published:
+        listed = reader.items(spec.get("refusals"), "spec.refusals")
+        refusals = tuple(reader.string(r, f"spec.refusals[{i}]") for i, r in enumerate(listed))
     return NetworkPolicy(
         namespace=namespace,
         name=name,
         pod_selector=reader.selector(spec.get("podSelector"), "spec.podSelector"),
-        policy_types=tuple(t for t in POLICY_TYPES if t in types),
-        ingress=_rules(reader, spec.get("ingress"), "spec.ingress", "from"),
-        egress=_rules(reader, spec.get("egress"), "spec.egress", "to"),
+        policy_types=_policy_types(reader, spec),
+        ingress=_rules(reader, spec.get("ingress"), "spec.ingress", "from", published),
+        egress=_rules(reader, spec.get("egress"), "spec.egress", "to", published),
+        refusals=refusals,
+    )
+
+
+def read_network_policy(obj: Mapping[str, Any]) -> NetworkPolicy:
+    """A NetworkPolicy the API server accepted, read failing closed: what sluice cannot
+    read is refused, not dropped, each part the safe way (an unreadable rule allows
+    nothing; an unreadable podSelector selects every pod of the namespace; unreadable
+    policyTypes isolate both directions), and listed in ``refusals``. Only a policy
+    whose namespace and name cannot be read raises PolicyInputError."""
+    try:
+        return parse_network_policy(obj)
+    except PolicyInputError:
+        pass
+    reader = _Reader("NetworkPolicy")
+    namespace, name = reader.metadata(reader.mapping(obj, ""), namespaced=True)
+    refusals: list[str] = []
+
+    def refused(err: PolicyInputError) -> str:
+        why = str(err).removeprefix(f"{err.obj}: ")
+        refusals.append(why)
+        return why
+
+    try:
+        spec = reader.mapping(obj.get("spec"), "spec")
+    except PolicyInputError as err:
+        refused(err)
+        spec = {}
+    try:
+        pod_selector = reader.selector(spec.get("podSelector"), "spec.podSelector")
+    except PolicyInputError as err:
+        refused(err)
+        pod_selector = EVERYTHING
+    try:
+        policy_types = _policy_types(reader, spec)
+    except PolicyInputError as err:
+        refused(err)
+        policy_types = POLICY_TYPES
+
+    def rules(field: str, peers_field: str) -> tuple[PolicyRule, ...]:
+        path = f"spec.{field}"
+        try:
+            listed = reader.items(spec.get(field), path)
+        except PolicyInputError as err:
+            return (PolicyRule(refused=refused(err)),)  # isolates, allows nothing
+        out = []
+        for i, rule in enumerate(listed):
+            try:
+                out.append(_rule(reader, rule, f"{path}[{i}]", peers_field))
+            except PolicyInputError as err:
+                out.append(PolicyRule(refused=refused(err)))
+        return tuple(out)
+
+    return NetworkPolicy(
+        namespace=namespace,
+        name=name,
+        pod_selector=pod_selector,
+        policy_types=policy_types,
+        ingress=rules("ingress", "from"),
+        egress=rules("egress", "to"),
+        refusals=tuple(refusals),
     )
 
 

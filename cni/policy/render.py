@@ -1,5 +1,6 @@
 """The model back into API JSON: what ``parse`` reads, written so that parsing it again
-gives an equal object.
+gives an equal object (a policy's refused rules and refusals too, in the published
+form: ``parse_network_policy(..., published=True)``).
 
 The controller publishes each policy's rules this way (``cni.k8s.published``), so
 an agent reads them with the same parser as a NetworkPolicy from the API, and
@@ -68,6 +69,8 @@ def _port_json(port: PolicyPort) -> dict[str, Any]:
 
 
 def _rule_json(rule: PolicyRule, peers_field: str) -> dict[str, Any]:
+    if rule.refused:
+        return {"refused": rule.refused}  # read back with parse(..., published=True)
     out: dict[str, Any] = {}
     if rule.peers:
         out[peers_field] = [_peer_json(peer) for peer in rule.peers]
@@ -85,6 +88,8 @@ def policy_spec_json(policy: NetworkPolicy) -> dict[str, Any]:
         spec["ingress"] = [_rule_json(rule, "from") for rule in policy.ingress]
     if policy.egress:
         spec["egress"] = [_rule_json(rule, "to") for rule in policy.egress]
+    if policy.refusals:
+        spec["refusals"] = list(policy.refusals)
     return spec
 
 

@@ -27,16 +27,19 @@ changed, and only their cached results are dropped.
 
 from __future__ import annotations
 
+import functools
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import chain
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 from cni.datapath.policy import AllowRule, EndpointPolicy, PeerCIDR
+from cni.policy.errors import PolicyIncomplete
 from cni.policy.groups import PodGroups, Role
+from cni.policy.kinds import ByKind, Handlers
 from cni.policy.model import (
     Direction,
-    KubeObject,
     Namespace,
     NetworkPolicy,
     Pod,
@@ -89,32 +92,115 @@ class ResolvedPolicy:
         return tuple(sorted({*self.ingress_policies, *self.egress_policies}))
 
 
-class PodPolicyResolver(Protocol):
-    """What the agent's enforcer asks of a resolver: ``PolicyIndex`` (everything known
-    locally), or ``cni.policy.published.index.ShardIndex`` (a controller's published groups)."""
+class PodPolicyResolver(ABC):
+    """A resolver as the agent's enforcer uses it: ``PolicyIndex`` (everything known
+    locally), or ``cni.policy.published.index.ShardIndex`` (a controller's published
+    groups). Both take objects by kind (``kinds``) and answer ``resolve`` the same way:
+    a pod's policies, each compiled once, combined by ``resolve_pod``; results for the
+    local pods cached until an update names them."""
 
-    store: ObjectStore  # local pods, Services, and the policies known
+    def __init__(self) -> None:
+        self.store = ObjectStore()  # local pods, Services, and the policies known
+        self._resolved: dict[PodKey, ResolvedPolicy] = {}
 
-    def upsert(self, obj: Any) -> frozenset[PodKey]: ...
+    @functools.cached_property
+    def kinds(self) -> ByKind[frozenset[PodKey]]:
+        """The kinds this resolver takes (built once the subclass's state exists)."""
+        return ByKind(self._handlers(), _union, type(self).__name__)
 
-    def delete(self, obj: Any) -> frozenset[PodKey]: ...
+    @abstractmethod
+    def _handlers(self) -> dict[type, Handlers[frozenset[PodKey]]]:
+        """What to do with each kind of object."""
 
-    def replace_all(self, kind: type, objects: Iterable[Any]) -> frozenset[PodKey]: ...
+    # Updates: each returns the local pods whose policy may have changed.
 
+    def upsert(self, obj: Any) -> frozenset[PodKey]:
+        return self.kinds.upsert(obj)
+
+    def delete(self, obj: Any) -> frozenset[PodKey]:
+        """Remove the object of that kind and name (its other fields do not matter)."""
+        return self.kinds.delete(obj)
+
+    def replace_all(self, kind: type, objects: Iterable[Any]) -> frozenset[PodKey]:
+        """Make the objects of ``kind`` exactly ``objects`` (after a relist, or when a
+        store is loaded again)."""
+        return self.kinds.replace_all(kind, objects)
+
+    @abstractmethod
     def upsert_pod(self, pod: Pod) -> frozenset[PodKey]: ...
 
+    @abstractmethod
     def delete_pod(self, key: PodKey) -> frozenset[PodKey]: ...
 
-    def pod(self, key: PodKey) -> Pod | None: ...
+    # Reading.
 
-    def selecting_policies(self, pod: Pod) -> list[PolicyKey]: ...
+    def pod(self, key: PodKey) -> Pod | None:
+        return self.store.pod(key)
 
-    def incomplete(self, key: PodKey) -> str | None: ...
+    def policy(self, key: PolicyKey) -> NetworkPolicy | None:
+        return self.store.policies.get(key)
 
-    def resolve(self, key: PodKey) -> ResolvedPolicy: ...
+    @abstractmethod
+    def selecting_policies(self, pod: Pod) -> list[PolicyKey]:
+        """The policies that select the pod, by key."""
+
+    @abstractmethod
+    def compiled(self, key: PolicyKey) -> CompiledPolicy:
+        """The policy's rules, compiled once until its inputs change."""
+
+    @abstractmethod
+    def incomplete(self, key: PodKey) -> str | None:
+        """Why the pod's policy cannot be computed yet, or None."""
+
+    def caches(self, key: PodKey) -> bool:
+        """Whether the pod's result is kept until an update names it (local pods)."""
+        return True
+
+    def address_held(self, key: PodKey, ips: Iterable[str]) -> str | None:
+        """Why a new endpoint of pod ``key`` with these addresses must wait: the API
+        still gives one of them to another pod (the previous holder, deleted or with
+        its sandbox gone, until its status changes), whose allowances every node
+        would otherwise grant the new pod. None: the addresses are free."""
+        for ip in ips:
+            for other in sorted(self.store.claimants(ip) - {key}):
+                holder = self.store.pod(other)
+                uid = holder.uid if holder is not None else ""
+                return (
+                    f"address {ip} is still pod {other[0]}/{other[1]}'s (uid {uid or '-'}) "
+                    "as the API reports it"
+                )
+        return None
+
+    def resolve(self, key: PodKey) -> ResolvedPolicy:
+        """The pod's EndpointPolicy with provenance. KeyError for an unknown pod,
+        PolicyIncomplete while the resolver lacks some of its inputs."""
+        cached = self._resolved.get(key)
+        if cached is not None:
+            return cached
+        pod = self.store.pod(key)
+        if pod is None:
+            raise KeyError(f"unknown pod {key[0]}/{key[1]}")
+        missing = self.incomplete(key)
+        if missing is not None:
+            raise PolicyIncomplete(missing)
+        resolved = resolve_pod(
+            pod, self.selecting_policies(pod), self.store.policies.__getitem__, self.compiled
+        )
+        if self.caches(key):
+            self._resolved[key] = resolved
+        return resolved
+
+    def _invalidate(self, affected: set[PodKey]) -> frozenset[PodKey]:
+        for key in affected:
+            self._resolved.pop(key, None)
+        return frozenset(affected)
 
 
-class PolicyIndex:
+def _union(results: Iterable[frozenset[PodKey]]) -> frozenset[PodKey]:
+    return frozenset().union(*results)
+
+
+class PolicyIndex(PodPolicyResolver):
     """Resolver state: every object the agent knows, and caches derived from them.
 
     ``node_name`` picks the local pods (those the agent enforces for): pods on
@@ -130,8 +216,9 @@ class PolicyIndex:
         node_name: str | None = None,
         *,
         local: bool = True,
-        on_groups_changed: Callable[[set[PodGroup]], None] | None = None,
+        on_groups_changed: Callable[[set[PodGroup], set[PodKey] | None], None] | None = None,
     ) -> None:
+        super().__init__()
         self.node_name = node_name
         # False: no pod is local. The controller keeps its groups up to date and
         # publishes them; it resolves no pod itself.
@@ -139,13 +226,40 @@ class PolicyIndex:
         # Told every group a pod or namespace update changed (members, or their
         # addresses or ports), so that a publisher knows what to write again.
         self.on_groups_changed = on_groups_changed
-        self.store = ObjectStore()
         self.groups = PodGroups(self.store)
         self._local: set[PodKey] = set()
         # Every pod's addresses as datapath peers, shared by every rule that has the pod.
         self._pod_peers: dict[PodKey, tuple[PeerCIDR, ...]] = {}
         self._compiled: dict[PolicyKey, CompiledPolicy] = {}
-        self._resolved: dict[PodKey, ResolvedPolicy] = {}
+
+    def _handlers(self) -> dict[type, Handlers[frozenset[PodKey]]]:
+        store = self.store
+        return {
+            Pod: Handlers(
+                self.upsert_pod,
+                lambda pod: self.delete_pod(pod.key),
+                store.all_pods,
+                lambda pod: pod.key,
+            ),
+            NetworkPolicy: Handlers(
+                self.upsert_policy,
+                lambda policy: self.delete_policy(policy.key),
+                lambda: list(store.policies.values()),
+                lambda policy: policy.key,
+            ),
+            Namespace: Handlers(
+                self.upsert_namespace,
+                lambda namespace: self.delete_namespace(namespace.name),
+                lambda: list(store.namespaces.values()),
+                lambda namespace: namespace.name,
+            ),
+            Service: Handlers(
+                self.upsert_service,
+                lambda service: self.delete_service(service.key),
+                lambda: list(store.services.values()),
+                lambda service: service.key,
+            ),
+        }
 
     # Reading.
 
@@ -154,12 +268,6 @@ class PolicyIndex:
 
     def local_pods(self) -> frozenset[PodKey]:
         return frozenset(self._local)
-
-    def pod(self, key: PodKey) -> Pod | None:
-        return self.store.pod(key)
-
-    def policy(self, key: PolicyKey) -> NetworkPolicy | None:
-        return self.store.policies.get(key)
 
     def selecting_policies(self, pod: Pod) -> list[PolicyKey]:
         """Policies of the pod's namespace whose podSelector selects it, by name."""
@@ -173,71 +281,29 @@ class PolicyIndex:
 
     # Updates.
 
-    def upsert(self, obj: KubeObject) -> frozenset[PodKey]:
-        """Add or replace any object; same as the upsert_* of its kind."""
-        if isinstance(obj, Pod):
-            return self.upsert_pod(obj)
-        if isinstance(obj, NetworkPolicy):
-            return self.upsert_policy(obj)
-        if isinstance(obj, Namespace):
-            return self.upsert_namespace(obj)
-        return self.upsert_service(obj)
-
-    def delete(self, obj: KubeObject) -> frozenset[PodKey]:
-        """Remove the object of that kind and name (its other fields do not matter)."""
-        if isinstance(obj, Pod):
-            return self.delete_pod(obj.key)
-        if isinstance(obj, NetworkPolicy):
-            return self.delete_policy(obj.key)
-        if isinstance(obj, Namespace):
-            return self.delete_namespace(obj.name)
-        return self.delete_service(obj.key)
-
-    def replace_all(
-        self, kind: type[KubeObject], objects: Iterable[KubeObject]
-    ) -> frozenset[PodKey]:
-        """Make the index's objects of ``kind`` exactly ``objects`` (after a relist, or
-        when a store is loaded again): upsert each, delete those no longer there."""
-        objects = list(objects)
-        for obj in objects:  # before changing anything
-            if not isinstance(obj, kind):
-                raise TypeError(f"replace_all({kind.__name__}) got a {type(obj).__name__}")
-        affected: set[PodKey] = set()
-        current = {_name_of(obj): obj for obj in self._objects(kind)}
-        for obj in objects:
-            current.pop(_name_of(obj), None)
-            affected |= self.upsert(obj)
-        for gone in current.values():
-            affected |= self.delete(gone)
-        return frozenset(affected)
-
-    def _objects(self, kind: type[KubeObject]) -> list[KubeObject]:
-        if kind is Pod:
-            return list(self.store.all_pods())
-        if kind is NetworkPolicy:
-            return list(self.store.policies.values())
-        if kind is Namespace:
-            return list(self.store.namespaces.values())
-        return list(self.store.services.values())
-
     def upsert_pod(self, pod: Pod) -> frozenset[PodKey]:
         old = self.store.pod(pod.key)
         if old == pod:
             return NOTHING
         new_namespace = not self.store.namespace_exists(pod.namespace)
         self.store.put_pod(pod)
-        if old is None or old.ips != pod.ips:
-            self._pod_peers[pod.key] = pod_peers(pod)
-        changed = self.groups.namespace_changed(pod.namespace) if new_namespace else set()
-        changed |= self.groups.pod_changed(old, pod)
-        affected = self._users_of(changed)
-        if old is not None and pod.key in self._local:
-            affected.add(pod.key)  # its labels, addresses or ports changed
+        was_local = pod.key in self._local
         if self.is_local(pod):
             self._local.add(pod.key)
-            affected.add(pod.key)
         else:
             self._local.discard(pod.key)
+        self._pod_peers[pod.key] = self._peers_owned(pod)
+        changed = self.groups.namespace_changed(pod.namespace) if new_namespace else set()
+        changed |= self.groups.pod_changed(old, pod)
+        moved = {pod.key}
+        # Pods that claim the same addresses: their share of them may change.
+        contenders = self._contenders(pod.key, (old.ips if old else ()) + pod.ips)
+        changed |= self._readdress(contenders, moved)
+        affected = self._users_of(changed, moved)
+        if old is not None and was_local:
+            affected.add(pod.key)  # its labels, addresses or ports changed
+        if pod.key in self._local:
+            affected.add(pod.key)
         return self._invalidate(affected)
 
     def delete_pod(self, key: PodKey) -> frozenset[PodKey]:
@@ -248,11 +314,57 @@ class PolicyIndex:
         if not self.store.namespace_exists(key[0]):
             changed |= self.groups.namespace_changed(key[0])
         self._pod_peers.pop(key, None)
-        affected = self._users_of(changed)
+        moved = {key}
+        changed |= self._readdress(self._contenders(key, old.ips), moved)
+        affected = self._users_of(changed, moved)
         if key in self._local:
             self._local.discard(key)
             affected.add(key)
         return self._invalidate(affected)
+
+    # Addresses: each belongs to one pod at a time. A pod deleted, or whose sandbox is
+    # gone, keeps its addresses in the API until its status changes, while the node
+    # may already have given one to a new pod: that pod must not inherit the
+    # allowances meant for the previous holder. So an address two pods claim is
+    # neither's peer, unless one of them is wired on this node (the node that
+    # allocated it knows); and a new endpoint's ADD waits while the API still gives
+    # one of its addresses to another pod (``address_held``).
+
+    def _owned_ips(self, pod: Pod) -> tuple[str, ...]:
+        owned = []
+        for ip in pod.ips:
+            others = self.store.claimants(ip) - {pod.key}
+            if not others or (pod.key in self._local and not others & self._local):
+                owned.append(ip)
+        return tuple(owned) if len(owned) != len(pod.ips) else pod.ips
+
+    def _peers_owned(self, pod: Pod) -> tuple[PeerCIDR, ...]:
+        owned = self._owned_ips(pod)
+        return pod_peers(pod if owned is pod.ips else replace(pod, ips=owned))
+
+    def peer_view(self, pod: Pod) -> Pod:
+        """The pod with only the addresses it holds alone (what peers see of it)."""
+        owned = self._owned_ips(pod)
+        return pod if owned is pod.ips else replace(pod, ips=owned)
+
+    def _contenders(self, key: PodKey, ips: Iterable[str]) -> set[PodKey]:
+        return {other for ip in ips for other in self.store.claimants(ip)} - {key}
+
+    def _readdress(self, keys: set[PodKey], moved: set[PodKey]) -> set[PodGroup]:
+        """Recompute these pods' peers; the groups holding those that changed."""
+        changed: set[PodGroup] = set()
+        for key in keys:
+            pod = self.store.pod(key)
+            if pod is None:
+                continue
+            peers = self._peers_owned(pod)
+            if peers != self._pod_peers.get(key):
+                self._pod_peers[key] = peers
+                changed |= self.groups.readdressed(pod)
+                moved.add(key)
+                if key in self._local:
+                    self._resolved.pop(key, None)
+        return changed
 
     def upsert_policy(self, policy: NetworkPolicy) -> frozenset[PodKey]:
         old = self.store.policies.get(policy.key)
@@ -311,22 +423,18 @@ class PolicyIndex:
     def _local_targets(self, policy: NetworkPolicy) -> set[PodKey]:
         return self._local & self.groups.members(target_group(policy))
 
-    def _users_of(self, changed: set[PodGroup]) -> set[PodKey]:
+    def _users_of(self, changed: set[PodGroup], pods: set[PodKey] | None = None) -> set[PodKey]:
         """Local pods selected by policies that read a changed group; those
-        policies are compiled again when next needed."""
+        policies are compiled again when next needed. ``pods``: the pods whose
+        membership or addresses changed (None: many, a namespace's)."""
         if changed and self.on_groups_changed is not None:
-            self.on_groups_changed(changed)
+            self.on_groups_changed(changed, pods)
         affected: set[PodKey] = set()
         for group in changed:
             for key in self.groups.peer_users(group):
                 self._compiled.pop(key, None)
                 affected |= self._local_targets(self.store.policies[key])
         return affected
-
-    def _invalidate(self, affected: set[PodKey]) -> frozenset[PodKey]:
-        for key in affected:
-            self._resolved.pop(key, None)
-        return frozenset(affected)
 
     # Peers, for compiling (rules.PeerSource).
 
@@ -377,28 +485,12 @@ class PolicyIndex:
     # Resolving.
 
     def incomplete(self, key: PodKey) -> str | None:
-        """Why the pod's policy cannot be computed yet, or None. Never anything here:
-        this index holds every input itself (see ``cni.policy.published.index`` for one that
-        does not)."""
+        """Never anything here: this index holds every input itself (see
+        ``cni.policy.published.index`` for one that does not)."""
         return None
 
-    def resolve(self, key: PodKey) -> ResolvedPolicy:
-        """The pod's EndpointPolicy with provenance. KeyError for an unknown pod."""
-        cached = self._resolved.get(key)
-        if cached is not None:
-            return cached
-        pod = self.store.pod(key)
-        if pod is None:
-            raise KeyError(f"unknown pod {key[0]}/{key[1]}")
-        resolved = self._resolve(pod)
-        if key in self._local:
-            self._resolved[key] = resolved
-        return resolved
-
-    def _resolve(self, pod: Pod) -> ResolvedPolicy:
-        return resolve_pod(
-            pod, self.selecting_policies(pod), self.store.policies.__getitem__, self.compiled
-        )
+    def caches(self, key: PodKey) -> bool:
+        return key in self._local
 
 
 def resolve_pod(
@@ -456,10 +548,6 @@ _GROUP_USES: tuple[tuple[Role, Callable[[NetworkPolicy], set[PodGroup]]], ...] =
     ("target", _target_groups),
     ("peer", peer_groups),
 )
-
-
-def _name_of(obj: KubeObject) -> tuple[str, str]:
-    return ("", obj.name) if isinstance(obj, Namespace) else obj.key
 
 
 def service_ips(index: PolicyIndex) -> frozenset[str]:

@@ -18,6 +18,8 @@ A rule becomes datapath ``AllowRule``s as follows:
     ports, so a name allows nothing towards them.
   A named port that resolves to nothing allows nothing (never "any port").
 
+A rule sluice could not read (``PolicyRule.refused``) allows nothing.
+
 Everything but ingress named ports is the same for every pod a policy
 selects, so a policy is compiled once and shared by all its target pods.
 """
@@ -211,6 +213,8 @@ def _compile_rule(
     policy: NetworkPolicy, direction: Direction, index: int, rule: PolicyRule, source: PeerSource
 ) -> CompiledRule:
     origin = RuleOrigin(direction, policy.key, index)
+    if rule.refused:
+        return CompiledRule(origin, ())  # unreadable: allows nothing
     peers = _rule_peers(policy, rule, source)
     reachable = not rule.peers or bool(peers)
 

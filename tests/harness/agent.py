@@ -254,6 +254,25 @@ class PolicyCluster:
                 pod.serve()
                 self.pods[pod.key] = pod
 
+    def add_pod(self, ns: str, name: str, **labels: str) -> PolicyPod:
+        """A pod that appears later: its object applied, then wired and serving."""
+        self.net.apply(namespace(ns, ns=ns), pod_object(ns, name, pod=name, **labels))
+        netns = self.pods_ns.new()
+        cid = f"{ns}-{name}-{uuid.uuid4().hex[:6]}"
+        result = self.net.add(netns, cid, ns, name)
+        pod = PolicyPod(ns, name, cid, netns, result["ips"][0]["address"].split("/")[0])
+        pod.serve()
+        self.pods[pod.key] = pod
+        return pod
+
+    def remove_pod(self, key: str) -> None:
+        """Unwire a pod added later and forget its object."""
+        pod = self.pods.pop(key)
+        pod.stop_serving()
+        self.net.delete(pod.netns, pod.cid, pod.namespace, pod.name)
+        self.pods_ns.remove(pod.netns)
+        self.net.delete_objects(pod_object(pod.namespace, pod.name))
+
     def destroy(self) -> None:
         for pod in self.pods.values():
             pod.stop_serving()

@@ -79,17 +79,16 @@ def lease_holder(api: Api, name: str = "sluice-controller-test") -> str:
     return str(((lease or {}).get("spec") or {}).get("holderIdentity") or "")
 
 
-def published(api: Api) -> dict[tuple[str, str, str], dict[str, Any]]:
-    """Every object of the three kinds: (kind, namespace, name) -> object."""
+def published(api: Api) -> dict[tuple[str, str], dict[str, Any]]:
+    """Every object of the three kinds (all cluster-scoped): (kind, name) -> object."""
     found = {}
     for kind in (POLICY_ENDPOINTS, ADDRESS_SET, POLICY_TARGETS):
         for obj in api.list(objects.collection_path(kind)).items:
-            meta = obj["metadata"]
-            found[(kind, meta.get("namespace", ""), meta["name"])] = obj
+            found[(kind, obj["metadata"]["name"])] = obj
     return found
 
 
-def versions(api: Api) -> dict[tuple[str, str, str], tuple[str, str]]:
+def versions(api: Api) -> dict[tuple[str, str], tuple[str, str]]:
     """(uid, resourceVersion) of every published object."""
     return {
         key: (obj["metadata"]["uid"], obj["metadata"]["resourceVersion"])

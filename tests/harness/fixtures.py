@@ -29,8 +29,12 @@ from tests.harness.cache import K8sCache
 from tests.harness.cluster import Cluster, sluice_agent_argv
 
 CLUSTER_NAME = "pytest"
-CONTROL_PLANE_NAME = "pytest-cp"
-CONTROL_PLANE_PORT_BASE = 26000
+# A control plane of its own port base (SLUICE_K8S_CP_PORT_BASE) runs beside the one of
+# 26000 and needs no lock on the host: it touches nothing on the node.
+CONTROL_PLANE_PORT_BASE = int(os.environ.get("SLUICE_K8S_CP_PORT_BASE", "26000"))
+CONTROL_PLANE_NAME = (
+    "pytest-cp" if CONTROL_PLANE_PORT_BASE == 26000 else f"pytest-cp-{CONTROL_PLANE_PORT_BASE}"
+)
 CRDS = Path(__file__).resolve().parents[2] / "conf" / "policyendpoints.yaml"
 KEEP_LOGS_ENV = "SLUICE_K8S_KEEP_LOGS"  # copy the components' logs here at teardown
 

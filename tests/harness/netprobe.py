@@ -2,7 +2,10 @@
 """Traffic for the datapath tests, run inside a pod's namespace (standard library only).
 
 netprobe.py serve --tcp 8080,8081 --udp 5000     echo TCP, count UDP; prints "ready",
-                                                 then the counts as JSON on stdin EOF
+                                                 then the counts as JSON on stdin EOF; a
+                                                 "sources" line on stdin prints what came
+                                                 from where so far: [[proto, port, source
+                                                 address, connections or datagrams], ...]
 netprobe.py connect IP PORT [--timeout S]        exit 0 if a TCP echo came back
 netprobe.py udp IP PORT [--count N]              N datagrams, each from a new port
 netprobe.py udp-stream IP PORTS SECONDS          datagrams to the ports in turn, each from
@@ -35,7 +38,13 @@ def serve(tcp_ports: list[int], udp_ports: list[int]) -> None:
         "tcp": dict.fromkeys(tcp_ports, 0),
         "udp": dict.fromkeys(udp_ports, 0),
     }
+    sources: dict[tuple[str, int, str], int] = {}
     lock = threading.Lock()
+
+    def count(proto: str, port: int, source: str) -> None:
+        with lock:
+            counts[proto][port] += 1
+            sources[(proto, port, source)] = sources.get((proto, port, source), 0) + 1
 
     def tcp_loop(port: int) -> None:
         srv = socket.socket()
@@ -44,12 +53,11 @@ def serve(tcp_ports: list[int], udp_ports: list[int]) -> None:
         srv.listen(64)
         ready.release()
         while True:
-            conn, _ = srv.accept()
+            conn, peer = srv.accept()
+            count("tcp", port, peer[0])
             threading.Thread(target=echo, args=(conn, port), daemon=True).start()
 
     def echo(conn: socket.socket, port: int) -> None:
-        with lock:
-            counts["tcp"][port] += 1
         with conn:
             while data := conn.recv(4096):
                 conn.sendall(data)
@@ -61,8 +69,7 @@ def serve(tcp_ports: list[int], udp_ports: list[int]) -> None:
         ready.release()
         while True:
             data, peer = sock.recvfrom(65535)
-            with lock:
-                counts["udp"][port] += 1
+            count("udp", port, peer[0])
             if data.startswith(b"ask"):
                 sock.sendto(b"answer", peer)
 
@@ -74,7 +81,11 @@ def serve(tcp_ports: list[int], udp_ports: list[int]) -> None:
     for _ in range(len(tcp_ports) + len(udp_ports)):
         ready.acquire()
     print("ready", flush=True)
-    sys.stdin.read()
+    for line in sys.stdin:
+        if line.strip() == "sources":
+            with lock:
+                listed = [[*key, n] for key, n in sorted(sources.items())]
+            print(json.dumps(listed), flush=True)
     with lock:
         print(json.dumps(counts), flush=True)
 

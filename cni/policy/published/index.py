@@ -22,10 +22,10 @@ raises ``PolicyIncomplete`` and the enforcer keeps what the datapath has):
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from typing import Any
 
-from cni.policy.errors import PolicyIncomplete
-from cni.policy.model import KubeObject, NetworkPolicy, Pod, PodKey, PolicyKey, Service
+from cni.policy.kinds import Handlers
+from cni.policy.model import Pod, PodKey, PolicyKey, Service
 from cni.policy.published.objects import (
     ADDRESS_SET,
     POLICY_ENDPOINTS,
@@ -37,9 +37,8 @@ from cni.policy.published.objects import (
 )
 from cni.policy.published.sets import AddressSetKey, PublishedPeers, PublishedSet, address_sets
 from cni.policy.published.shardsets import SetKey, ShardSets
-from cni.policy.resolve import ResolvedPolicy, resolve_pod
+from cni.policy.resolve import PodPolicyResolver
 from cni.policy.rules import CompiledPolicy, compile_policy
-from cni.policy.store import ObjectStore
 
 log = logging.getLogger("sluice.k8s")
 
@@ -47,12 +46,12 @@ NOTHING: frozenset[PodKey] = frozenset()
 Published = PolicyShard | AddressShard | TargetsShard
 
 
-class ShardIndex:
+class ShardIndex(PodPolicyResolver):
     def __init__(self, node_name: str) -> None:
+        # ``store``: local pods and Services, as PolicyIndex has them; its ``policies``
+        # are those of complete PolicyEndpoints.
+        super().__init__()
         self.node_name = node_name
-        # Local pods and Services, as PolicyIndex has them; ``policies`` holds the
-        # policies of complete PolicyEndpoints (for listing them).
-        self.store = ObjectStore()
         self._policy_shards: ShardSets[PolicyShard] = ShardSets()
         self._address_shards: ShardSets[AddressShard] = ShardSets()
         self._target_shards: ShardSets[TargetsShard] = ShardSets()
@@ -63,18 +62,42 @@ class ShardIndex:
         self._targets: dict[PodKey, TargetEntry] = {}  # from the complete PolicyTargets
         self._listed: dict[PolicyKey, set[PodKey]] = {}  # policy -> local pods listing it
         self._compiled: dict[PolicyKey, CompiledPolicy] = {}
-        self._resolved: dict[PodKey, ResolvedPolicy] = {}
+
+    def _handlers(self) -> dict[type, Handlers[frozenset[PodKey]]]:
+        store = self.store
+
+        def shards(sets: ShardSets[Any]) -> Handlers[frozenset[PodKey]]:
+            def put(shard: Published) -> frozenset[PodKey]:
+                return self._settled({shard.info.set_key}) if sets.put(shard) else NOTHING
+
+            def remove(shard: Published) -> frozenset[PodKey]:
+                return self._settled({shard.info.set_key}) if sets.remove(shard) else NOTHING
+
+            return Handlers(
+                put, remove, replace=lambda objects: self._settled(sets.replace_all(objects))
+            )
+
+        return {
+            Pod: Handlers(
+                self.upsert_pod,
+                lambda pod: self.delete_pod(pod.key),
+                store.all_pods,
+                lambda pod: pod.key,
+            ),
+            Service: Handlers(
+                self._put_service,
+                self._remove_service,
+                replace=self._replace_services,
+            ),
+            PolicyShard: shards(self._policy_shards),
+            AddressShard: shards(self._address_shards),
+            TargetsShard: shards(self._target_shards),
+        }
 
     # -- reading (the enforcer's interface) ----------------------------------------------
 
     def local_pods(self) -> frozenset[PodKey]:
         return frozenset(pod.key for pod in self.store.all_pods())
-
-    def pod(self, key: PodKey) -> Pod | None:
-        return self.store.pod(key)
-
-    def policy(self, key: PolicyKey) -> NetworkPolicy | None:
-        return self.store.policies.get(key)
 
     def selecting_policies(self, pod: Pod) -> list[PolicyKey]:
         entry = self._entry(pod)
@@ -97,29 +120,11 @@ class ShardIndex:
                 return missing
         return None
 
-    def resolve(self, key: PodKey) -> ResolvedPolicy:
-        """The pod's policy. KeyError for an unknown pod, PolicyIncomplete while the
-        controller's objects for it are not all here."""
-        cached = self._resolved.get(key)
-        if cached is not None:
-            return cached
-        pod = self.store.pod(key)
-        if pod is None:
-            raise KeyError(f"unknown pod {key[0]}/{key[1]}")
-        missing = self.incomplete(key)
-        if missing is not None:
-            raise PolicyIncomplete(missing)
-        entry = self._entry(pod)
-        assert entry is not None
-        resolved = resolve_pod(
-            pod, sorted(entry.policy_keys()), self.store.policies.__getitem__, self._compile
-        )
-        self._resolved[key] = resolved
-        return resolved
-
     def _entry(self, pod: Pod) -> TargetEntry | None:
+        """The pod's PolicyTargets entry, only for this very pod: the same uid (an entry
+        without one is nobody's)."""
         entry = self._targets.get(pod.key)
-        if entry is None or (entry.uid and pod.uid and entry.uid != pod.uid):
+        if entry is None or not entry.uid or entry.uid != pod.uid:
             return None
         return entry
 
@@ -138,7 +143,7 @@ class ShardIndex:
                 return f"AddressSet {set_id} of {policy[0]}/{policy[1]} is not complete here yet"
         return None
 
-    def _compile(self, key: PolicyKey) -> CompiledPolicy:
+    def compiled(self, key: PolicyKey) -> CompiledPolicy:
         compiled = self._compiled.get(key)
         if compiled is None:
             shard = self._policies[key]
@@ -153,60 +158,17 @@ class ShardIndex:
 
     # -- updates ---------------------------------------------------------------------------
 
-    def upsert(self, obj: KubeObject | Published) -> frozenset[PodKey]:
-        if isinstance(obj, Pod):
-            return self.upsert_pod(obj)
-        if isinstance(obj, Service):
-            self.store.services[obj.key] = obj
-            return NOTHING
-        if isinstance(obj, PolicyShard):
-            changed = self._policy_shards.put(obj)
-        elif isinstance(obj, AddressShard):
-            changed = self._address_shards.put(obj)
-        elif isinstance(obj, TargetsShard):
-            changed = self._target_shards.put(obj)
-        else:
-            raise TypeError(f"the controller's resolver takes no {type(obj).__name__}")
-        return self._settled({obj.info.set_key}) if changed else NOTHING
+    def _put_service(self, service: Service) -> frozenset[PodKey]:
+        self.store.services[service.key] = service
+        return NOTHING
 
-    def delete(self, obj: KubeObject | Published) -> frozenset[PodKey]:
-        if isinstance(obj, Pod):
-            return self.delete_pod(obj.key)
-        if isinstance(obj, Service):
-            self.store.services.pop(obj.key, None)
-            return NOTHING
-        if isinstance(obj, PolicyShard):
-            changed = self._policy_shards.remove(obj)
-        elif isinstance(obj, AddressShard):
-            changed = self._address_shards.remove(obj)
-        elif isinstance(obj, TargetsShard):
-            changed = self._target_shards.remove(obj)
-        else:
-            raise TypeError(f"the controller's resolver takes no {type(obj).__name__}")
-        return self._settled({obj.info.set_key}) if changed else NOTHING
+    def _remove_service(self, service: Service) -> frozenset[PodKey]:
+        self.store.services.pop(service.key, None)
+        return NOTHING
 
-    def replace_all(self, kind: type, objects: Iterable[object]) -> frozenset[PodKey]:
-        objects = list(objects)
-        for obj in objects:
-            if not isinstance(obj, kind):
-                raise TypeError(f"replace_all({kind.__name__}) got a {type(obj).__name__}")
-        if kind is Service:
-            self.store.services = {obj.key: obj for obj in objects}  # type: ignore[attr-defined]
-            return NOTHING
-        if kind is Pod:
-            affected: set[PodKey] = set()
-            wanted = {obj.key for obj in objects}  # type: ignore[attr-defined]
-            for gone in [p.key for p in self.store.all_pods() if p.key not in wanted]:
-                affected |= self.delete_pod(gone)
-            for pod in objects:
-                affected |= self.upsert_pod(pod)  # type: ignore[arg-type]
-            return frozenset(affected)
-        sets: ShardSets = {  # type: ignore[assignment]
-            PolicyShard: self._policy_shards,
-            AddressShard: self._address_shards,
-            TargetsShard: self._target_shards,
-        }[kind]
-        return self._settled(sets.replace_all(objects))
+    def _replace_services(self, services: list[Service]) -> frozenset[PodKey]:
+        self.store.services = {service.key: service for service in services}
+        return NOTHING
 
     def upsert_pod(self, pod: Pod) -> frozenset[PodKey]:
         """A local pod (its labels, ports, uid; addresses from its endpoint)."""
@@ -235,9 +197,7 @@ class ShardIndex:
                 affected |= self._targets_changed()
             else:
                 affected |= self._policy_changed(key)
-        for pod in affected:
-            self._resolved.pop(pod, None)
-        return frozenset(affected)
+        return self._invalidate(affected)
 
     def _targets_changed(self) -> set[PodKey]:
         targets: dict[PodKey, TargetEntry] = {}

@@ -1,11 +1,19 @@
 """The controller's objects (group ``sluice.dev``, version ``v1alpha1``; CRDs in
 ``conf/policyendpoints.yaml``): names, labels, and their JSON in and out.
 
-- ``PolicyEndpoints`` (namespaced, one per NetworkPolicy, owned by it with
-  ``controller: true``): the policy's generation and uid, its rules as the
-  resolver reads them, and the names of the address sets that hold the pods
-  its selectors pick. Labelled ``node.sluice.dev/<node>`` for every node that
-  hosts a pod the policy selects.
+All three kinds are cluster-scoped: a Role, which is all a namespace's tenant can
+be given, grants nothing on cluster-scoped kinds, so only a ClusterRole can let
+anyone write them (``conf/sluice-rbac.yaml`` lets the controller alone; see
+docs/notes-trust.md).
+
+- ``PolicyEndpoints`` (one per NetworkPolicy, named ``<namespace>.<name>``):
+  the policy's namespace, name, uid and generation, its rules as the resolver
+  reads them, and the names of the address sets that hold the pods its
+  selectors pick. Labelled ``node.sluice.dev/<node>`` for every node that
+  hosts a pod the policy selects. It has no owner reference: a cluster-scoped
+  object cannot be owned by a namespaced one (the garbage collector never
+  collects it and reports ``OwnerRefInvalidNamespace``); the controller
+  deletes the PolicyEndpoints of a policy that is gone.
 - ``AddressSet`` (cluster-scoped, sharded): the pods of one distinct selector
   group (name, addresses, named ports when a policy needs them), shared by
   every policy that has that selector. Labelled ``node.sluice.dev/<node>`` for
@@ -19,6 +27,12 @@ and what makes the set's shards belong together (the policy's uid and
 generation; the address set's id; the node). A set is complete when shards
 ``0..shardCount-1`` are all present and agree on that (see ``shardsets``).
 
+Only the controller's objects count (``written_by_controller``): an object is
+read only when its name is the one its spec derives (so that two objects can
+never claim one shard: the API server keeps names unique), it carries the
+managed-by label, and a PolicyEndpoints names its policy's uid. Agents drop any
+other object; the controller deletes it.
+
 Node names longer than a label allows (63) are shortened with a hash
 (``node_label``); so are object names built from long policy names.
 """
@@ -30,7 +44,7 @@ import json
 import sys
 import weakref
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from cni.policy.errors import MISSING, PolicyInputError
@@ -88,15 +102,12 @@ def node_label_key(node: str) -> str:
     return NODE_LABEL_PREFIX + node_label(node)
 
 
-def collection_path(kind: str, namespace: str | None = None) -> str:
-    if namespace is not None:
-        return f"{API_BASE}/namespaces/{namespace}/{PLURALS[kind]}"
+def collection_path(kind: str) -> str:
     return f"{API_BASE}/{PLURALS[kind]}"
 
 
-def object_path(kind: str, namespace: str, name: str) -> str:
-    """``namespace`` is "" for the cluster-scoped kinds."""
-    return f"{collection_path(kind, namespace or None)}/{name}"
+def object_path(kind: str, name: str) -> str:
+    return f"{collection_path(kind)}/{name}"
 
 
 def spec_hash(spec: Mapping[str, Any]) -> str:
@@ -121,8 +132,9 @@ def address_set_id(key: AddressSetKey) -> str:
     return "as-" + spec_hash(described)[:20]
 
 
-def policy_endpoints_name(policy: str) -> str:
-    return policy  # one object per policy, in the policy's namespace
+def policy_endpoints_name(namespace: str, policy: str) -> str:
+    """One object per policy: a namespace name has no dot, so the first one separates."""
+    return _shortened(f"{namespace}.{policy}", NAME_LIMIT)
 
 
 def address_set_name(set_id: str, index: int) -> str:
@@ -136,11 +148,12 @@ def policy_targets_name(node: str, index: int) -> str:
 @dataclass(frozen=True, slots=True)
 class ShardInfo:
     """What every published object says about itself, and what the controller keeps
-    of the objects it finds (never their content: a digest of it)."""
+    of the objects it finds (never their content: a digest of it). One subclass per
+    kind (``INFO_TYPES``), so that receivers take them by type."""
 
     kind: str
-    namespace: str  # "" for cluster-scoped kinds
     name: str
+    set_namespace: str  # the policy's namespace (PolicyEndpoints), else ""
     set_name: str  # the policy, the address set id, the node
     version: tuple[str, ...]  # shards of one version of a set belong together
     index: int
@@ -148,31 +161,53 @@ class ShardInfo:
     labels: frozenset[tuple[str, str]] = frozenset()
     resource_version: str = ""
     content: str = ""  # spec_hash of the spec
+    foreign: str = ""  # why the controller did not write it as it is ("": it did)
 
     @property
     def set_key(self) -> tuple[str, str, str]:
-        return (self.kind, self.namespace, self.set_name)
+        return (self.kind, self.set_namespace, self.set_name)
 
     @property
-    def object_key(self) -> tuple[str, str, str]:
-        return (self.kind, self.namespace, self.name)
+    def object_key(self) -> tuple[str, str]:
+        return (self.kind, self.name)
+
+    @property
+    def derived_name(self) -> str:
+        """The name the controller gives the object its spec describes."""
+        if self.kind == POLICY_ENDPOINTS:
+            return policy_endpoints_name(self.set_namespace, self.set_name)
+        if self.kind == ADDRESS_SET:
+            return address_set_name(self.set_name, self.index)
+        return policy_targets_name(self.set_name, self.index)
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyEndpointsInfo(ShardInfo):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class AddressSetInfo(ShardInfo):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyTargetsInfo(ShardInfo):
+    pass
+
+
+INFO_TYPES: dict[str, type[ShardInfo]] = {
+    POLICY_ENDPOINTS: PolicyEndpointsInfo,
+    ADDRESS_SET: AddressSetInfo,
+    POLICY_TARGETS: PolicyTargetsInfo,
+}
 
 
 # -- writing (the controller) ----------------------------------------------------------
 
 
-def _metadata(
-    name: str,
-    namespace: str,
-    labels: Mapping[str, str],
-    owner: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": name, "labels": {**MANAGED_BY, **labels}}
-    if namespace:
-        meta["namespace"] = namespace
-    if owner is not None:
-        meta["ownerReferences"] = [dict(owner)]
-    return meta
+def _metadata(name: str, labels: Mapping[str, str]) -> dict[str, Any]:
+    return {"name": name, "labels": {**MANAGED_BY, **labels}}
 
 
 def node_labels(nodes: Sequence[str]) -> dict[str, str]:
@@ -188,19 +223,13 @@ def policy_endpoints_object(
 ) -> dict[str, Any]:
     """The PolicyEndpoints of a policy: ``address_sets`` are the ids of
     ``published.address_sets(policy)``, in that order."""
-    owner = {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "name": policy.name,
-        "uid": uid,
-        "controller": True,
-    }
     labels = {POLICY_LABEL: _shortened(policy.name, LABEL_LIMIT), **node_labels(nodes)}
     return {
         "apiVersion": API_VERSION,
         "kind": POLICY_ENDPOINTS,
-        "metadata": _metadata(policy_endpoints_name(policy.name), policy.namespace, labels, owner),
+        "metadata": _metadata(policy_endpoints_name(policy.namespace, policy.name), labels),
         "spec": {
+            "policyNamespace": policy.namespace,
             "policyName": policy.name,
             "policyUID": uid,
             "policyGeneration": generation,
@@ -245,7 +274,7 @@ def address_set_object(
     return {
         "apiVersion": API_VERSION,
         "kind": ADDRESS_SET,
-        "metadata": _metadata(address_set_name(set_id, index), "", labels),
+        "metadata": _metadata(address_set_name(set_id, index), labels),
         "spec": spec,
     }
 
@@ -269,7 +298,7 @@ def policy_targets_object(
         "apiVersion": API_VERSION,
         "kind": POLICY_TARGETS,
         "metadata": _metadata(
-            policy_targets_name(node, index), "", {TARGETS_NODE_LABEL: node_label(node)}
+            policy_targets_name(node, index), {TARGETS_NODE_LABEL: node_label(node)}
         ),
         "spec": {
             "nodeName": node,
@@ -292,9 +321,8 @@ class _Fields:
     def __init__(self, obj: Mapping[str, Any]) -> None:
         meta = obj.get("metadata") or {}
         self.kind = str(obj.get("kind", "?"))
-        self.namespace = str(meta.get("namespace") or "")
         self.name = str(meta.get("name") or "?")
-        self.what = f"{self.kind} {self.namespace + '/' if self.namespace else ''}{self.name}"
+        self.what = f"{self.kind} {self.name}"
         self.meta = meta
 
     def fail(self, path: str, value: object, problem: str) -> PolicyInputError:
@@ -315,12 +343,26 @@ class _Fields:
         return sys.intern(namespace), name
 
 
+def _foreign(fields: _Fields, info: ShardInfo) -> str:
+    """Why the object is not one the controller wrote as it is ("": it is)."""
+    labels = fields.meta.get("labels") or {}
+    for key, value in MANAGED_BY.items():
+        if labels.get(key) != value:
+            return f"it lacks the label {key}={value}"
+    if fields.name != info.derived_name:
+        return f"its name is not {info.derived_name}, the one its spec derives"
+    if info.kind == POLICY_ENDPOINTS and not info.version[0]:
+        return "it names no policy uid"
+    return ""
+
+
 def shard_info(obj: Mapping[str, Any], controller: bool = True) -> ShardInfo:
-    """What an object of any of the three kinds says about itself, with what the
-    controller compares: a digest of its spec (it never keeps the content) and its
-    labels, as an interned label set (a set's shards carry a label per node, the same
-    hundred names on every object). An agent (``controller=False``) compares neither:
-    it gets no digest and no labels, which spares it hashing every shard it receives."""
+    """What an object of any of the three kinds says about itself, and whether the
+    controller wrote it (``foreign``), with what the controller compares: a digest of
+    its spec (it never keeps the content) and its labels, as an interned label set (a
+    set's shards carry a label per node, the same hundred names on every object). An
+    agent (``controller=False``) compares neither: it gets no digest and no labels,
+    which spares it hashing every shard it receives."""
     fields = _Fields(obj)
     spec = obj.get("spec")
     if not isinstance(spec, Mapping):
@@ -329,7 +371,9 @@ def shard_info(obj: Mapping[str, Any], controller: bool = True) -> ShardInfo:
     count = fields.get(spec, "shardCount", int)
     if not 0 <= index < count:
         raise fields.fail("spec.shardIndex", index, f"is not below shardCount {count}")
+    set_namespace = ""
     if fields.kind == POLICY_ENDPOINTS:
+        set_namespace = fields.get(spec, "policyNamespace", str)
         set_name = fields.get(spec, "policyName", str)
         version: tuple[str, ...] = (
             fields.get(spec, "policyUID", str),
@@ -342,10 +386,10 @@ def shard_info(obj: Mapping[str, Any], controller: bool = True) -> ShardInfo:
     else:
         raise fields.fail("kind", fields.kind, f"is not one of {', '.join(PLURALS)}")
     labels = fields.meta.get("labels") or {}
-    return ShardInfo(
+    info = INFO_TYPES[fields.kind](
         kind=fields.kind,
-        namespace=fields.namespace,
         name=fields.name,
+        set_namespace=set_namespace,
         set_name=set_name,
         version=version,
         index=index,
@@ -354,6 +398,19 @@ def shard_info(obj: Mapping[str, Any], controller: bool = True) -> ShardInfo:
         resource_version=str(fields.meta.get("resourceVersion") or ""),
         content=spec_hash(spec) if controller else "",
     )
+    foreign = _foreign(fields, info)
+    return replace(info, foreign=foreign) if foreign else info
+
+
+def written_by_controller(obj: Mapping[str, Any]) -> ShardInfo:
+    """An agent's reading of an object's identity: PolicyInputError unless the
+    controller wrote it (see the module's docstring)."""
+    info = shard_info(obj, controller=False)
+    if info.foreign:
+        raise PolicyInputError(
+            f"{info.kind} {info.name}", "", MISSING, f"is not the controller's: {info.foreign}"
+        )
+    return info
 
 
 @dataclass(frozen=True, slots=True)
@@ -379,13 +436,14 @@ PublishedShard = PolicyShard | AddressShard | TargetsShard
 
 
 def parse_policy_endpoints(obj: Mapping[str, Any]) -> PolicyShard:
-    info = shard_info(obj, controller=False)
+    info = written_by_controller(obj)
     fields = _Fields(obj)
     spec = obj["spec"]
     rules = fields.get(spec, "policy", dict)
     try:
         policy = parse_network_policy(
-            {"metadata": {"namespace": info.namespace, "name": info.set_name}, "spec": rules}
+            {"metadata": {"namespace": info.set_namespace, "name": info.set_name}, "spec": rules},
+            published=True,
         )
     except PolicyInputError as err:
         raise err.within(f"{fields.what} spec.policy") from None
@@ -397,7 +455,7 @@ def parse_policy_endpoints(obj: Mapping[str, Any]) -> PolicyShard:
 
 
 def parse_address_set(obj: Mapping[str, Any]) -> AddressShard:
-    info = shard_info(obj, controller=False)
+    info = written_by_controller(obj)
     fields = _Fields(obj)
     pods = []
     for i, entry in enumerate(fields.get(obj["spec"], "pods", list)):
@@ -444,7 +502,7 @@ def _shared_pod(
 
 
 def parse_policy_targets(obj: Mapping[str, Any]) -> TargetsShard:
-    info = shard_info(obj, controller=False)
+    info = written_by_controller(obj)
     fields = _Fields(obj)
     entries = []
     for i, entry in enumerate(fields.get(obj["spec"], "pods", list)):

@@ -10,6 +10,7 @@ matrix by pod address, and removes them again.
 
 from __future__ import annotations
 
+import functools
 import random
 import subprocess
 import tempfile
@@ -20,6 +21,7 @@ from typing import Any
 import pytest
 
 from tests.harness.agent import (
+    SERVED,
     AgentNetwork,
     PolicyCluster,
     differences,
@@ -592,26 +594,38 @@ def test_probes_ran_in_pod_namespaces(cluster: PolicyCluster) -> None:
 # -- the same through Services (kube-proxy's DNAT on the path, as in the e2e suite) ----------
 
 
+class ClusterIPs(dict[str, str]):
+    """Pod -> the ClusterIP of its Service (kube-proxy's iptables shape, TCP 80 to the
+    pod's port 80), which the agent knows (it tells the datapath its ClusterIPs)."""
+
+    def __init__(self, cluster: PolicyCluster, proxy: KubeProxy, prefix: str) -> None:
+        super().__init__()
+        self.cluster, self.proxy, self.prefix = cluster, proxy, prefix
+        self.documents: list[dict[str, Any]] = []
+
+    def add(self, *keys: str) -> None:
+        documents = []
+        for key in keys:
+            pod = self.cluster.pods[key]
+            self[key] = address = f"{self.prefix}.{10 + len(self.proxy.services)}"
+            self.proxy.service(f"S{len(self.proxy.services)}", address, [(pod.ip, 80)])
+            documents.append(service(pod.namespace, f"svc-{pod.name}", address, pod=pod.name))
+        self.cluster.net.apply(*documents)
+        self.documents += documents
+
+
 @pytest.fixture(scope="module")
-def cluster_ips(cluster: PolicyCluster) -> Iterator[dict[str, str]]:
-    """A Service per pod (ClusterIP:80 to the pod's port 80) in kube-proxy's iptables
-    shape, and known to the agent (which tells the datapath its ClusterIPs)."""
+def cluster_ips(cluster: PolicyCluster) -> Iterator[ClusterIPs]:
     prefix = f"10.{random.randint(96, 99)}.{random.randint(0, 255)}"
     proxy = KubeProxy(f"{SESSION_TAG}{random.randint(0, 0xFFF):03x}".upper())
-    addresses, documents = {}, []
+    addresses = ClusterIPs(cluster, proxy, prefix)
     try:
         proxy.setup()
-        for i, (key, pod) in enumerate(sorted(cluster.pods.items())):
-            addresses[key] = f"{prefix}.{10 + i}"
-            proxy.service(f"S{i}", addresses[key], [(pod.ip, 80)])
-            documents.append(
-                service(pod.namespace, f"svc-{pod.name}", addresses[key], pod=pod.name)
-            )
-        cluster.net.apply(*documents)
+        addresses.add(*sorted(cluster.pods))
         yield addresses
     finally:
-        if documents:
-            cluster.net.delete_objects(*documents)
+        if addresses.documents:
+            cluster.net.delete_objects(*addresses.documents)
         proxy.cleanup()
 
 
@@ -690,3 +704,88 @@ def test_through_cluster_ips_both_selectors(
         )
     )
     check(cluster, lambda s, t: t != "x/a" or s == "y/b", via=cluster_ips)
+
+
+# -- egress towards destinations that appear after the policy ---------------------------------
+# x/a may send only TCP 80 to pods a and b of namespaces y and z (and DNS). A pod, a
+# namespace's pods, and a pod relabelled out of the peers and back, all after the
+# policy: by address on every served port, and through ClusterIPs (TCP 80).
+
+TO_A_AND_B_IN_Y_AND_Z = policy(
+    "x",
+    "egress-80",
+    podSelector={"matchLabels": {"pod": "a"}},
+    policyTypes=["Egress"],
+    egress=[
+        {
+            "to": [
+                {
+                    "namespaceSelector": {
+                        "matchExpressions": [{"key": "ns", "operator": "In", "values": ["y", "z"]}]
+                    },
+                    "podSelector": {
+                        "matchExpressions": [{"key": "pod", "operator": "In", "values": ["a", "b"]}]
+                    },
+                }
+            ],
+            "ports": [{"port": 80, "protocol": "TCP"}],
+        },
+        {"ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]},
+    ],
+)
+
+
+def egress_80(peers: set[str]) -> Any:
+    def allowed(s: str, t: str, port: int, protocol: str) -> bool:
+        return s != "x/a" or (t in peers and (port, protocol) == (80, "tcp"))
+
+    return allowed
+
+
+def check_served(cluster: PolicyCluster, allowed: Any, cluster_ips: ClusterIPs) -> None:
+    for port, protocol in SERVED:
+        check(cluster, functools.partial(allowed, port=port, protocol=protocol), port, protocol)
+    check(cluster, lambda s, t: allowed(s, t, 80, "tcp"), via=cluster_ips)
+
+
+PEERS = {"y/a", "y/b", "z/a", "z/b"}
+
+
+def test_egress_holds_towards_a_pod_that_appears_later(
+    cluster: PolicyCluster, cluster_ips: ClusterIPs, apply: Any
+) -> None:
+    apply(TO_A_AND_B_IN_Y_AND_Z)
+    cluster.add_pod("x", "d")
+    try:
+        cluster_ips.add("x/d")
+        check_served(cluster, egress_80(PEERS), cluster_ips)
+    finally:
+        cluster.remove_pod("x/d")
+        cluster_ips.pop("x/d")
+
+
+def test_egress_holds_towards_a_namespace_that_appears_later(
+    cluster: PolicyCluster, cluster_ips: ClusterIPs, apply: Any
+) -> None:
+    apply(TO_A_AND_B_IN_Y_AND_Z)
+    cluster.add_pod("w", "a")
+    cluster.add_pod("w", "b")
+    try:
+        cluster_ips.add("w/a", "w/b")
+        check_served(cluster, egress_80(PEERS), cluster_ips)
+    finally:
+        for key in ("w/a", "w/b"):
+            cluster.remove_pod(key)
+            cluster_ips.pop(key)
+        cluster.net.delete_objects(namespace("w"))
+
+
+def test_egress_holds_while_a_peer_is_relabelled_out_and_back(
+    cluster: PolicyCluster, cluster_ips: ClusterIPs, apply: Any
+) -> None:
+    apply(TO_A_AND_B_IN_Y_AND_Z)
+    check_served(cluster, egress_80(PEERS), cluster_ips)
+    apply(pod_object("y", "b", pod="e"))
+    check_served(cluster, egress_80(PEERS - {"y/b"}), cluster_ips)
+    apply(pod_object("y", "b", pod="b"))
+    check_served(cluster, egress_80(PEERS), cluster_ips)

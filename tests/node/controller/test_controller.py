@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from cni.agent.enforcer import NotReady
 from cni.controller.controller import Controller
 from cni.controller.sharding import placement_hash, shard_count
 from cni.kube.api import Api, Gone
@@ -189,7 +190,7 @@ def prefix(k8s_control_plane: Cluster) -> Iterator[str]:
     mine = [n for n in nodes if n.startswith(f"node/{name}-")]
     if mine:
         cluster.kubectl("delete", *mine)
-    cluster.kubectl("delete", "addresssets,policytargets", "--all")
+    cluster.kubectl("delete", "policyendpoints,addresssets,policytargets", "--all")
     cluster.kubectl("delete", "leases", "-n", "default", "--all")
 
 
@@ -258,12 +259,12 @@ def assert_same_policies(
     return True
 
 
-def shards_by_set(found: dict[tuple[str, str, str], dict[str, Any]], kind: str) -> dict:
+def shards_by_set(found: dict[tuple[str, str], dict[str, Any]], kind: str) -> dict:
     sets: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for (k, namespace, _), obj in found.items():
+    for (k, _), obj in found.items():
         if k == kind:
             info = objects.shard_info(obj)
-            sets.setdefault((namespace, info.set_name), []).append(obj)
+            sets.setdefault((info.set_namespace, info.set_name), []).append(obj)
     return sets
 
 
@@ -295,9 +296,9 @@ def test_published_objects_are_complete_bounded_owned_and_resolve_like_an_agent(
 
     found = published(api)
     index = world.index()
-    # PolicyEndpoints: one per policy, owned by it, recording its generation.
+    # PolicyEndpoints: one per policy, named after it, recording its uid and generation.
     for policy in world.policies:
-        key = (POLICY_ENDPOINTS, policy.namespace, policy.name)
+        key = (POLICY_ENDPOINTS, f"{policy.namespace}.{policy.name}")
         assert key in found, f"no PolicyEndpoints for {policy.key}"
         body = found[key]
         source = api.get(
@@ -305,13 +306,13 @@ def test_published_objects_are_complete_bounded_owned_and_resolve_like_an_agent(
             f"/networkpolicies/{policy.name}"
         )
         assert source is not None
-        (owner,) = body["metadata"]["ownerReferences"]
-        assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == (
-            "NetworkPolicy",
+        spec = body["spec"]
+        assert (spec["policyNamespace"], spec["policyName"], spec["policyUID"]) == (
+            policy.namespace,
             policy.name,
             source["metadata"]["uid"],
-            True,
         )
+        assert "ownerReferences" not in body["metadata"]  # none is valid (cluster-scoped)
         assert body["spec"]["policyGeneration"] == source["metadata"]["generation"]
         assert (body["spec"]["shardIndex"], body["spec"]["shardCount"]) == (0, 1)
         # Labelled with exactly the nodes hosting a pod it selects.
@@ -334,7 +335,7 @@ def test_published_objects_are_complete_bounded_owned_and_resolve_like_an_agent(
             assert all(len(shard["spec"]["pods"]) <= bound for shard in shards), set_key
     listed = {
         entry.pod
-        for (kind, _, _), body in found.items()
+        for (kind, _), body in found.items()
         if kind == POLICY_TARGETS
         for entry in objects.parse_policy_targets(body).entries
     }
@@ -360,14 +361,14 @@ def test_a_pod_label_change_rewrites_one_shard_of_each_set_it_moves_in(
     def web_set_members() -> set[str]:
         return {
             entry["pod"]
-            for (kind, _, _), body in published(api).items()
+            for (kind, _), body in published(api).items()
             if kind == ADDRESS_SET and body["spec"]["setID"] == web_set
             for entry in body["spec"]["pods"]
         }
 
     webs = {pod_name(p) for p in world.pods if in_a(p, "web")}
     eventually(lambda: web_set_members() == webs, "the web pods published")
-    shards = [k for k in published(api) if k[0] == ADDRESS_SET and k[2].startswith(web_set)]
+    shards = [k for k in published(api) if k[0] == ADDRESS_SET and k[1].startswith(web_set)]
     assert len(shards) > 1, f"the set must span several shards for this test: {shards}"
     before = settled(api)
 
@@ -399,7 +400,7 @@ def test_a_pod_label_change_rewrites_one_shard_of_each_set_it_moves_in(
     others = [key for key in changed if key[0] != ADDRESS_SET]
     targets = [key for key in others if key[0] == POLICY_TARGETS]
     assert [key for key in others if key[0] == POLICY_ENDPOINTS] == [], others
-    assert len(targets) <= 1 and all(key[2].startswith(moved.node_name) for key in targets)
+    assert len(targets) <= 1 and all(key[1].startswith(moved.node_name) for key in targets)
 
 
 def pod_name(pod: Pod) -> str:
@@ -415,14 +416,13 @@ def keeps_shard_count(members: set[str], after: set[str]) -> bool:
 
 def write(api: Api, body: dict[str, Any]) -> str:
     """Create or replace a published object by hand; its new resourceVersion."""
-    kind, meta = body["kind"], body["metadata"]
-    namespace = meta.get("namespace", "")
-    current = api.get(objects.object_path(kind, namespace, meta["name"]))
+    kind, name = body["kind"], body["metadata"]["name"]
+    current = api.get(objects.object_path(kind, name))
     if current is None:
-        stored = api.create(objects.collection_path(kind, namespace or None), body)
+        stored = api.create(objects.collection_path(kind), body)
     else:
         body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-        stored = api.replace(objects.object_path(kind, namespace, meta["name"]), body)
+        stored = api.replace(objects.object_path(kind, name), body)
     return str(stored["metadata"]["resourceVersion"])
 
 
@@ -453,7 +453,7 @@ def test_an_agent_never_applies_a_partial_set(
         rules = tuple(PolicyRule((Peer(pod_selector=g.pod_selector),)) for g in groups)
         return NetworkPolicy(namespace, "allow", select(app="t"), (), rules)
 
-    # A real owner: the garbage collector deletes PolicyEndpoints whose owner is gone.
+    # A real policy: its PolicyEndpoints name its uid.
     create_world(api, policies=[policy([peer_group])])
     owner = api.get(f"/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies/allow")
     assert owner is not None
@@ -514,7 +514,7 @@ def test_an_agent_never_applies_a_partial_set(
     write_and_check(other_shards[1], second | cidrs(others))
 
     # A shard that goes missing removes nothing.
-    api.delete(objects.object_path(ADDRESS_SET, "", other_shards[0]["metadata"]["name"]))
+    api.delete(objects.object_path(ADDRESS_SET, other_shards[0]["metadata"]["name"]))
     threading.Event().wait(1)
     agent.enforcer.enforce_now(list(agent.enforcer.endpoints))
     assert allowed(agent) == second | cidrs(others)
@@ -636,7 +636,7 @@ def test_a_restarted_controller_deletes_nothing_before_its_caches_sync(
         assert gated.writes == [], "written before the caches synced"
         assert versions(api) == before
         gate.set()
-        orphan_key = (ADDRESS_SET, "", orphan["metadata"]["name"])
+        orphan_key = (ADDRESS_SET, orphan["metadata"]["name"])
         eventually(lambda: orphan_key not in published(api), "the orphan swept once synced")
         threading.Event().wait(1)
         assert [w for w in gated.writes if not w.endswith(orphan["metadata"]["name"])] == []
@@ -720,3 +720,78 @@ def test_an_informer_lists_from_the_watch_cache_and_lists_again_after_410(
     finally:
         informer.stop()
         watching.close()
+
+
+def test_only_the_controllers_objects_count(
+    k8s_control_plane: Cluster,
+    api: Api,
+    prefix: str,
+    controllers: list[ControllerProcess],
+    agents: list[SimulatedAgent],
+    tmp_path: Path,
+) -> None:
+    """Objects of sluice's kinds that the controller did not write, as a writer whom
+    RBAC and the admission policy let through (here: an administrator, with neither
+    installed) would make them: a shard under another name shadows no real shard and
+    the controller deletes it; a PolicyTargets entry without a uid matches no pod."""
+    node, namespace = f"{prefix}-n0", f"{prefix}-p"
+    peers = [Pod(namespace, f"peer{i}", labels_of({"app": "peer"}), (f"10.9.3.{i}",), node)
+             for i in (1, 2)]  # fmt: skip
+    target = Pod(namespace, "target", labels_of({"app": "t"}), ("10.9.4.1",), node)
+    rule = PolicyRule((Peer(pod_selector=select(app="peer")),))
+    create_world(
+        api,
+        [node],
+        [Namespace(namespace, labels_of({NAMESPACE_NAME_LABEL: namespace}))],
+        [*peers, target],
+        [NetworkPolicy(namespace, "allow", select(app="t"), (), (rule,))],
+    )
+    start_controller(k8s_control_plane, controllers, tmp_path, "leader")
+    agent = SimulatedAgent(Api(str(k8s_control_plane.kubeconfig)), node, "controller")
+    agents.append(agent)
+    agent.start()
+    agent.wait_ready()
+    agent.wire(target.key, target.ips)
+
+    def allowed() -> set[str]:
+        installed = agent.policy_of(target.key)
+        assert installed is not None and installed.ingress is not None
+        return {peer.cidr for rule in installed.ingress for peer in rule.peers}
+
+    eventually(lambda: allowed() == {"10.9.3.1/32", "10.9.3.2/32"}, "the peers allowed")
+    set_id = objects.address_set_id(AddressSetKey(PodGroup(namespace, None, select(app="peer"))))
+    real = published(api)[(ADDRESS_SET, objects.address_set_name(set_id, 0))]
+    forged = {
+        "apiVersion": real["apiVersion"],
+        "kind": ADDRESS_SET,
+        "metadata": {"name": f"{set_id}-forged", "labels": real["metadata"]["labels"]},
+        "spec": {
+            **real["spec"],
+            "pods": [*real["spec"]["pods"], {"pod": f"{namespace}/intruder", "ips": ["10.9.9.9"]}],
+        },
+    }
+    api.create(objects.collection_path(ADDRESS_SET), forged)
+    eventually(
+        lambda: (ADDRESS_SET, forged["metadata"]["name"]) not in published(api),
+        "the controller deletes the forgery",
+    )
+    agent.enforcer.enforce_now(list(agent.enforcer.endpoints))
+    assert allowed() == {"10.9.3.1/32", "10.9.3.2/32"}
+    for install in agent.datapath.installs:
+        peers_installed = {p.cidr for r in install.policy.ingress or () for p in r.peers}
+        assert "10.9.9.9/32" not in peers_installed, "the forged shard was installed"
+
+    # Without the controller, its PolicyTargets rewritten with an entry that names no
+    # uid: a new pod of that name is not the one the entry was written for.
+    for process in controllers:
+        process.stop()
+    newcomer = Pod(namespace, "newcomer", labels_of({"app": "t"}), ("10.9.4.2",), node)
+    create_world(api, pods=[newcomer])
+    name = objects.policy_targets_name(node, 0)
+    targets = published(api)[(POLICY_TARGETS, name)]
+    targets["spec"]["pods"].append(
+        {"pod": f"{namespace}/newcomer", "uid": "", "policies": ["allow"]}
+    )
+    write(api, targets)
+    with pytest.raises(NotReady, match=r"has not published pod .*/newcomer"):
+        agent.wire(newcomer.key, newcomer.ips, wait=3)

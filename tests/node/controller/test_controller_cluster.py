@@ -3,7 +3,9 @@ controller``) and ``sluicectl controller`` running: real pods, real packets.
 
 Under live traffic, a controller restart and an agent restart neither let denied
 traffic through nor cut allowed traffic; and Kubernetes' own NetworkPolicy e2e specs
-(the subset ``test_kubernetes`` runs in agent mode) pass.
+(the subset ``test_kubernetes`` runs in agent mode) pass. A shard the controller did
+not write adds nobody (and the controller deletes it); a policy sluice cannot read is
+published refused and isolates what it selects (counted at the receiving pod).
 """
 
 from __future__ import annotations
@@ -13,15 +15,21 @@ import re
 import threading
 import time
 import urllib.parse
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from cni.kube.api import Api
+from cni.policy.published import objects
+from cni.policy.published.objects import ADDRESS_SET, POLICY_ENDPOINTS
 from tests.harness.cluster import Cluster, sluice_agent_argv
-from tests.harness.controller import ControllerProcess
+from tests.harness.controller import ControllerProcess, published
 from tests.harness.e2e import NETPOL_SKIP, run_netpol
+from tests.harness.kube_matrix import KubeMatrix
 from tests.harness.waiting import eventually
 from tests.node.agent.test_kubernetes import (
     E2E_SUBSET,
@@ -190,3 +198,111 @@ def test_networkpolicy_e2e_subset_with_the_controller(controller_mode: Controlle
         controller_mode.cluster, focus=focus, skip=rf"{NETPOL_SKIP}|using UDP|using SCTP"
     )
     assert not tally.failed and len(tally.passed) == len(E2E_SUBSET), tally.summary()
+
+
+# -- trust and failing closed, with real packets -------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def matrix(controller_mode: ControllerMode) -> Iterator[KubeMatrix]:
+    made = KubeMatrix(controller_mode.cluster)
+    try:
+        made.add_pods(["x/a", "x/b", "x/c", "y/a"])
+        yield made
+    finally:
+        made.destroy()
+
+
+def into_x_a_from(matrix: KubeMatrix, *rules: dict[str, Any]) -> dict[str, Any]:
+    return matrix.policy(
+        "x", "into-a", podSelector={"matchLabels": {"pod": "a"}}, policyTypes=["Ingress"],
+        ingress=list(rules),
+    )  # fmt: skip
+
+
+FROM_B = {"from": [{"podSelector": {"matchLabels": {"pod": "b"}}}]}
+
+
+def reach(matrix: KubeMatrix, source: str, target: str = "x/a") -> tuple[bool, int]:
+    """Whether ``source`` reaches ``target`` on TCP 80 (once by address, once through
+    the ClusterIP), and how many connections from it arrived at the target meanwhile."""
+    before = matrix.received_from(target, source).get(("tcp", 80), 0)
+    reached = [matrix.probe([source], [target], 80, "tcp", via)[(source, target)] for via in (0, 1)]
+    after = matrix.received_from(target, source).get(("tcp", 80), 0)
+    assert len(set(reached)) == 1, f"{source} -> {target}: by address and ClusterIP differ"
+    return reached[0], after - before
+
+
+def test_a_forged_shard_adds_nobody_and_the_controller_deletes_it(
+    controller_mode: ControllerMode, matrix: KubeMatrix
+) -> None:
+    """An AddressSet the controller did not write, carrying a real set's id and shard
+    index and x/c's address, shadows nothing: x/c stays out, and the forgery goes."""
+    cluster = controller_mode.cluster
+    policy = into_x_a_from(matrix, FROM_B)
+    matrix.apply(policy)
+    api = Api(str(cluster.kubeconfig))
+    try:
+        eventually(lambda: reach(matrix, "x/b") == (True, 2), "x/b reaches x/a")
+        assert reach(matrix, "x/c") == (False, 0)
+        real = eventually(
+            lambda: [
+                obj
+                for (kind, _), obj in published(api).items()
+                if kind == ADDRESS_SET
+                and any(p["pod"] == f"{matrix.namespace('x')}/b" for p in obj["spec"]["pods"])
+            ],
+            "the set of x's pods b published",
+        )[0]
+        forged = {
+            "apiVersion": real["apiVersion"],
+            "kind": ADDRESS_SET,
+            "metadata": {
+                "name": f"forged-{uuid.uuid4().hex[:6]}",
+                "labels": real["metadata"]["labels"],
+            },
+            "spec": {
+                **real["spec"],
+                "pods": [
+                    *real["spec"]["pods"],
+                    {"pod": f"{matrix.namespace('x')}/c", "ips": [matrix.pods["x/c"].ip]},
+                ],
+            },
+        }
+        api.create(objects.collection_path(ADDRESS_SET), forged)
+        forged_key = (ADDRESS_SET, forged["metadata"]["name"])
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline:  # while it exists, and after
+            assert reach(matrix, "x/c") == (False, 0), "the forged shard let x/c in"
+        eventually(lambda: forged_key not in published(api), "the controller deletes it")
+        assert reach(matrix, "x/b") == (True, 2)
+    finally:
+        matrix.delete(policy)
+        api.close()
+
+
+def test_a_policy_sluice_cannot_read_is_published_refused_and_isolates(
+    controller_mode: ControllerMode, matrix: KubeMatrix
+) -> None:
+    """Through the controller: the refused rule survives the CRD's schema and allows
+    nothing on the node; the readable one still lets x/b in; get policies says so."""
+    cluster = controller_mode.cluster
+    unreadable = {"from": [{"ipBlock": {"cidr": "10.0.0.0/8", "except": ["::ffff:10.1.0.0/112"]}}]}
+    policy = into_x_a_from(matrix, FROM_B, unreadable)
+    matrix.apply(policy)
+    api = Api(str(cluster.kubeconfig))
+    try:
+        name = objects.policy_endpoints_name(matrix.namespace("x"), "into-a")
+        body = eventually(lambda: api.get(objects.object_path(POLICY_ENDPOINTS, name)), "published")
+        rules = body["spec"]["policy"]["ingress"]
+        assert rules[0] == {"from": [{"podSelector": {"matchLabels": {"pod": "b"}}}]}
+        assert rules[1]["refused"].startswith("spec.ingress[1].from[0].ipBlock.except[0]")
+        eventually(lambda: reach(matrix, "x/b") == (True, 2), "x/b reaches x/a")
+        for source in ("x/c", "y/a"):
+            assert reach(matrix, source) == (False, 0), source
+        found = json.loads(cluster.sluicectl("get", "policies", "-o", "json").stdout)
+        (entry,) = [p for p in found["policies"] if p["policy"].endswith("/into-a")]
+        assert entry["refused"] and entry["refused"][0].startswith("spec.ingress[1]")
+    finally:
+        matrix.delete(policy)
+        api.close()

@@ -20,7 +20,7 @@ from cni.policy.published.objects import (
     TargetsShard,
 )
 
-Key = tuple[str, str, str]
+Key = tuple[str, str]  # (kind, name)
 
 
 class PublishedStore:
@@ -57,7 +57,7 @@ class PublishedStore:
         """(PolicyEndpoints, AddressSets, PolicyTargets) a node's agent watches, parsed."""
         label = objects.node_label_key(node)
         policies, sets, targets = [], [], []
-        for (kind, _, _), body in sorted(self.objects.items()):
+        for (kind, _), body in sorted(self.objects.items()):
             labels = body["metadata"].get("labels", {})
             if kind == POLICY_ENDPOINTS and label in labels:
                 policies.append(objects.parse_policy_endpoints(body))

@@ -73,6 +73,7 @@ def pod(rng: random.Random, number: int) -> Pod:
         node_name=rng.choice(NODES),
         ports=ports,
         host_network=rng.random() < 0.05,
+        uid=f"uid-p{number}",
     )
 
 
@@ -162,6 +163,7 @@ def update(rng: random.Random, index: PolicyIndex, serial: int) -> tuple[str, Ku
             old.node_name,
             old.ports,
             old.host_network,
+            old.uid,
         )
         return "upsert", new
     if roll == 1 and pods:
@@ -175,6 +177,7 @@ def update(rng: random.Random, index: PolicyIndex, serial: int) -> tuple[str, Ku
             old.node_name,
             fresh.ports,
             old.host_network,
+            old.uid,
         )
     if roll == 2:
         return "upsert", pod(rng, 1000 + serial)

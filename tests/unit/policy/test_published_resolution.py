@@ -11,6 +11,7 @@ from cni.controller.publisher import Publisher
 from cni.policy.errors import PolicyIncomplete
 from cni.policy.model import KubeObject, Namespace, NetworkPolicy, Pod
 from cni.policy.published.index import ShardIndex
+from cni.policy.published.objects import POLICY_TARGETS
 from cni.policy.resolve import PolicyIndex
 from tests.unit.controller.published_api import PublishedStore, publish
 from tests.unit.policy import random_cluster
@@ -102,3 +103,20 @@ def test_a_pod_the_controller_has_not_listed_is_incomplete() -> None:
     # An earlier pod of that name (another uid) is not this one.
     agent.upsert_pod(Pod("n0", "newcomer", node_name="node-1", uid="u-2"))
     assert agent.incomplete(newcomer.key) is not None
+
+
+def test_a_targets_entry_without_uid_is_nobodys() -> None:
+    """An entry that names no uid cannot be told from an earlier pod of that name."""
+    publisher = Publisher()
+    store = PublishedStore()
+    pod = Pod("n0", "target", node_name="node-1", uid="u-1")
+    for obj in (pod, NetworkPolicy("n0", "deny-all")):
+        feed_publisher(publisher, "upsert", obj, 1)
+    publish(publisher, store)
+    ((_, body),) = [(k, b) for k, b in store.objects.items() if k[0] == POLICY_TARGETS]
+    for entry in body["spec"]["pods"]:
+        entry["uid"] = ""
+    agent = ShardIndex("node-1")
+    agent.upsert_pod(pod)
+    store.feed(agent)
+    assert "has not published pod n0/target" in str(agent.incomplete(pod.key))

@@ -26,7 +26,7 @@ class Shard:
 def shard(index: int, count: int, version: str = "1", name: str = "") -> Shard:
     return Shard(
         ShardInfo(
-            POLICY_ENDPOINTS, "x", name or f"p-{version}-{index}", "p", (version,), index, count
+            POLICY_ENDPOINTS, name or f"x.p-{version}-{index}", "x", "p", (version,), index, count
         )
     )
 
