@@ -1,6 +1,6 @@
 """What ``sluicectl ipam show`` prints: pools, prefixes, allocations, fragmentation.
 
-The JSON form is a stable schema (documented in the README):
+The JSON form is a stable schema (documented in docs/ipam.md):
 
     {"networks": [{"name", "mode", "subnet" | "pool", "prefixLength",
                    "allocations": [{"containerID", "ifname", "ip", "allocatedAt", ...}],

@@ -4,7 +4,7 @@ Resolved on this node (``COLLECTIONS``, the default): Namespaces, Pods,
 Services and NetworkPolicies are listed and watched, each object trimmed to
 the fields the resolver reads as it arrives. EndpointSlices are not watched:
 connections to a Service are judged after kube-proxy's DNAT, on the backend's
-own address and port (see the README), so the resolver never reads them.
+own address and port (see docs/datapath.md), so the resolver never reads them.
 
 Resolved by the controller (``--resolver controller``): the collections of
 ``shard_source.controller_collections``, for this node only.

@@ -8,7 +8,7 @@
 - the PolicyEndpoints and AddressSets labelled ``node.sluice.dev/<node>``:
   the policies that select a pod here, and the pods their selectors pick;
 - Services: their ClusterIPs, which the datapath must recognise (it judges a
-  Service connection on the backend it reaches; see the README).
+  Service connection on the backend it reaches; see docs/datapath.md).
 
 The objects go to the enforcer as they are; its resolver is a ``ShardIndex``.
 """

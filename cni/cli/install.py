@@ -74,7 +74,7 @@ def _cidr(ctx: click.Context, param: click.Parameter, value: str | None) -> str 
 
 
 def default_attach(chain: tuple[str, ...]) -> str:
-    """ "tc", measured the faster (docs/notes-datapath.md), unless a chained plugin puts
+    """ "tc", measured the faster (bench/README.md), unless a chained plugin puts
     an ingress qdisc of its own on the pod's veth (bandwidth): then "tcx"."""
     return "tcx" if "bandwidth" in chain else "tc"
 

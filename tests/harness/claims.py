@@ -16,7 +16,7 @@ from tests.harness.cluster import Cluster
 CRD = Path(__file__).resolve().parents[2] / "conf" / "prefixclaims.yaml"
 AGENT_ACCOUNT = "sluice-agent-claims"
 
-# What the agent's ServiceAccount needs for prefix claims (docs/notes-claims.md).
+# What the agent's ServiceAccount needs for prefix claims (docs/ipam.md).
 AGENT_RULES: list[dict[str, Any]] = [
     {
         "apiGroups": ["sluice.dev"],
