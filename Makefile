@@ -113,7 +113,7 @@ e2e: setup k8s-build
 # 12 base made with debootstrap; a Docker daemon of the project's own starts when
 # none runs (tests/harness/dockerd.py). `make kind` leaves a cluster running and
 # prints its KUBECONFIG; `make kind-down` deletes it and stops that daemon again.
-# docs/notes-images.md has the details.
+# docs/kind.md has the details.
 DEB_PACKAGES += docker.io debootstrap vagrant
 KIND_NODES ?= 3
 KIND_CLUSTER ?= sluice

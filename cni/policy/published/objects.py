@@ -4,7 +4,7 @@
 All three kinds are cluster-scoped: a Role, which is all a namespace's tenant can
 be given, grants nothing on cluster-scoped kinds, so only a ClusterRole can let
 anyone write them (``conf/sluice-rbac.yaml`` lets the controller alone; see
-docs/notes-trust.md).
+docs/security.md, Trust model).
 
 - ``PolicyEndpoints`` (one per NetworkPolicy, named ``<namespace>.<name>``):
   the policy's namespace, name, uid and generation, its rules as the resolver
