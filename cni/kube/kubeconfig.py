@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import signal
 import ssl
 import tempfile
 import threading
@@ -230,21 +231,31 @@ class ExecAuth(httpx.Auth):
         env.update({e["name"]: e["value"] for e in self.spec.get("env") or ()})
         command = [self.spec["command"], *(self.spec.get("args") or ())]
         try:
-            done = subprocess.run(
-                command, env=env, capture_output=True, check=False, timeout=self.timeout
+            # A session of its own: on a timeout, whatever it started is stopped too.
+            plugin = subprocess.Popen(
+                command,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
             )
+        except OSError as err:
+            raise ConfigError(f"credential plugin {command[0]} cannot run: {err}") from None
+        try:
+            stdout, stderr = plugin.communicate(timeout=self.timeout)
         except subprocess.TimeoutExpired:
+            os.killpg(plugin.pid, signal.SIGKILL)
+            plugin.communicate()
             raise ConfigError(
                 f"credential plugin {command[0]} did not answer in {self.timeout:g} s"
             ) from None
-        except OSError as err:
-            raise ConfigError(f"credential plugin {command[0]} cannot run: {err}") from None
-        if done.returncode != 0:
+        if plugin.returncode != 0:
             raise ConfigError(
-                f"credential plugin {command[0]} exited with {done.returncode}: "
-                f"{done.stderr.decode(errors='replace').strip()}"
+                f"credential plugin {command[0]} exited with {plugin.returncode}: "
+                f"{stderr.decode(errors='replace').strip()}"
             )
-        return parse_exec_credential(done.stdout, command[0])
+        return parse_exec_credential(stdout, command[0])
 
     def _header(self, refused: str = "") -> str:
         """The current token's header; the plugin is run when there is none, when it
