@@ -72,12 +72,14 @@ class Informer:
         need_list = True
         while not self._stopping.is_set():
             watching_since: float | None = None
+            ended = False  # the server ended the watch
             try:
                 if need_list:
                     self._list()
                     need_list = False
                 watching_since = time.monotonic()
                 self._watch()
+                ended = True
                 problem = "the watch ended at once"
             except Gone:
                 need_list = True
@@ -91,11 +93,13 @@ class Informer:
                     log.exception("%s: unexpected failure; listing again", self.kind)
                     problem = "unexpected failure"
                     need_list = True
+            if self._stopping.is_set():
+                return
             if watching_since is not None and (
                 time.monotonic() - watching_since >= HEALTHY_WATCH_SECONDS
             ):
                 backoff.reset()
-                if problem == "the watch ended at once":
+                if ended:
                     continue  # the server ended a long watch: resume at once
             delay = backoff.next()
             log.warning("%s: %s; retrying in %.1f s", self.kind, problem, delay)
