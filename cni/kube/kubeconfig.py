@@ -6,8 +6,9 @@ typed models, an asyncio client and more (about 6 MB of an agent's resident memo
 which otherwise holds the objects of its node only). Supported, as kubectl reads
 them: ``server``, ``certificate-authority`` (``-data``), ``insecure-skip-tls-verify``;
 ``client-certificate``/``client-key`` (``-data``), ``token``, ``tokenFile``,
-``username``/``password`` and ``exec`` credential plugins. Relative paths are
-relative to the kubeconfig's directory.
+``username``/``password`` and ``exec`` credential plugins (run with a timeout,
+and again once their token's ``expirationTimestamp`` has passed). Relative paths
+are relative to the kubeconfig's directory.
 """
 
 from __future__ import annotations
