@@ -14,6 +14,9 @@ from collections.abc import Callable
 
 BASE_SECONDS = 0.8  # the first wait is 0.4 to 0.8 s
 CAP_SECONDS = 30.0  # persisting failures: one try every 15 to 30 s
+# A watch open this long was a working one: the next failure waits the least again;
+# one that ends sooner counts as a failure.
+HEALTHY_WATCH_SECONDS = 5.0
 
 
 class Backoff:

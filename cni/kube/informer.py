@@ -24,13 +24,10 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from cni.kube.api import Api, ApiError, Gone
-from cni.kube.backoff import Backoff
+from cni.kube.backoff import HEALTHY_WATCH_SECONDS, Backoff
 from cni.policy.errors import PolicyInputError
 
 log = logging.getLogger("sluice.k8s")
-
-# A watch open this long was a working one: the next failure waits the least again.
-HEALTHY_WATCH_SECONDS = 5.0
 
 
 class Sink(Protocol):

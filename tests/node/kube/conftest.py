@@ -1,6 +1,7 @@
 """A control plane of the API client's own (etcd, kube-apiserver,
 kube-controller-manager; port base 28000, so it takes no host lock), with sluice's
-CRDs, for the tests of the client and of leader election under faults."""
+CRDs (the controller's objects, prefix claims), for the tests of the client and of
+leader election under faults."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from tests.harness.fixtures import KEEP_LOGS_ENV, _cache_or_skip
 
 KUBE_CLUSTER = "pytest-kube"
 KUBE_PORT_BASE = 28000
-CRDS = Path(__file__).resolve().parents[3] / "conf" / "policyendpoints.yaml"
+CONF = Path(__file__).resolve().parents[3] / "conf"
+CRDS = [CONF / "policyendpoints.yaml", CONF / "prefixclaims.yaml"]
 
 
 @pytest.fixture(scope="session")
@@ -32,8 +34,9 @@ def kube_control_plane() -> Iterator[Cluster]:
         cluster.down()  # what a crashed earlier run left
     cluster.up()
     try:
-        cluster.kubectl("apply", "-f", str(CRDS))
-        cluster.kubectl("wait", "--for=condition=Established", "-f", str(CRDS))
+        for crds in CRDS:
+            cluster.kubectl("apply", "-f", str(crds))
+            cluster.kubectl("wait", "--for=condition=Established", "-f", str(crds))
         yield cluster
     finally:
         leftovers = cluster.down()
