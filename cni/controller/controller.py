@@ -14,8 +14,10 @@ writes it, while this process leads (``lease``):
 - a plan writes address sets, then PolicyEndpoints, then PolicyTargets, and
   deletes last: an agent sees a set before a policy names it, and a policy
   before a pod's entry lists it;
-- every write checks that this process still leads; a lost lease stops the
-  writing at once and the process waits as a standby, caches kept warm.
+- every write checks that this process still surely leads (``lease``: by time,
+  so it holds while the API hangs) and must end by then; a lost lease, or one
+  not renewed in time, stops the writing at once and the process waits as a
+  standby, caches kept warm.
 
 Status goes to the log: leadership, sync, each plan's writes, and every minute
 the objects published.
@@ -62,6 +64,7 @@ log = logging.getLogger("sluice.k8s")
 STATUS_SECONDS = 60.0
 BATCH_SECONDS = 0.05  # let a burst of events gather into one plan
 WRITERS = 4  # concurrent API writes within one phase of a plan
+MIN_WRITE_SECONDS = 0.1  # a write started with less time to lead than this is not started
 
 
 def parse_policy_record(raw: dict[str, Any]) -> PolicyRecord:
@@ -161,7 +164,8 @@ class Controller:
 
     @property
     def leading(self) -> bool:
-        return self.elector.leading.is_set()
+        """Whether this process surely leads now (by time: see ``lease``)."""
+        return self.elector.is_leading()
 
     def _leadership_changed(self) -> None:
         with self.lock:
@@ -225,8 +229,13 @@ class Controller:
                 full_plan = False
                 release_free_memory()
 
-    def _still_leading(self, term: int) -> bool:
-        return self.leading and self.term == term
+    def _write_time(self, term: int) -> float | None:
+        """Seconds a write may take, ending while this process surely leads in
+        ``term``; None when it may not write at all."""
+        seconds = self.elector.remaining()
+        if not (self.leading and self.term == term) or seconds < MIN_WRITE_SECONDS:
+            return None
+        return seconds
 
     def _execute(self, plan: Plan, term: int, planned: float) -> None:
         started = time.monotonic()
@@ -254,16 +263,20 @@ class Controller:
 
     def _write(self, write: Write, term: int) -> str:
         """Carry out one write; the verb done, "failed", or "" (not leading any more)."""
-        if not self._still_leading(term):
+        timeout = self._write_time(term)
+        if timeout is None:
             return ""
         path = objects.object_path(write.kind, write.name)
         try:
             if write.verb == "create":
-                stored = self.api.create(objects.collection_path(write.kind), write.body)
+                stored = self.api.create(
+                    objects.collection_path(write.kind), write.body, timeout=timeout
+                )
             elif write.verb == "replace":
-                stored = self.api.replace(path, write.body)
+                stored = self.api.replace(path, write.body, timeout=timeout)
             else:
-                stored = self.api.patch(path, {"metadata": {"labels": write.labels_patch}})
+                labels = {"metadata": {"labels": write.labels_patch}}
+                stored = self.api.patch(path, labels, timeout=timeout)
         except ApiError as err:
             log.warning("%s %s %s failed: %s; planning it again", write.verb, write.kind, path, err)
             with self.lock:
@@ -274,11 +287,12 @@ class Controller:
         return {"create": "created", "replace": "replaced"}.get(write.verb, "relabelled")
 
     def _delete(self, info: ShardInfo, term: int) -> str:
-        if not self._still_leading(term):
+        timeout = self._write_time(term)
+        if timeout is None:
             return ""
         path = objects.object_path(info.kind, info.name)
         try:
-            self.api.delete(path)
+            self.api.delete(path, timeout=timeout)
         except ApiError as err:
             log.warning("delete %s failed: %s; planning it again", path, err)
             with self.lock:

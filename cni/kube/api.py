@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import threading
+import time
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,11 +21,25 @@ from typing import Any
 import httpx2 as httpx
 
 from cni.kube import kubeconfig as connection
+from cni.kube.kubeconfig import ConfigError
 from cni.kube.liststream import ListFormatError, list_members
 
 log = logging.getLogger("sluice.k8s")
 
-WATCH_SECONDS = 300  # the server ends a watch after this; it is resumed where it stopped
+# A hung server (or a network that drops everything) must fail a request well
+# before any lease or deadline of the callers runs out: connecting, and each
+# read of an answer, have their own timeouts.
+CONNECT_SECONDS = 5.0
+READ_SECONDS = 30.0  # between two reads of an answer (a large list streams steadily)
+# The server ends a watch after timeoutSeconds (it is resumed where it stopped),
+# a random time in [WATCH_SECONDS, WATCH_SECONDS * 1.5) so that clients started
+# together do not come back together. A watch on which nothing arrives for
+# WATCH_IDLE_SECONDS is ended by the client as if the server had ended it (a
+# quiet collection gets no BOOKMARKs from a server without etcd progress
+# notifications: measured on the test cluster, none in 140 s), so a connection to
+# a server that hung is given up; the next watch's request then fails.
+WATCH_SECONDS = 300
+WATCH_IDLE_SECONDS = 90.0
 BATCH = 100  # objects of a list handed on at a time (each decoded as it arrives)
 INFLATE_CHUNK = 1 << 18  # decompressed bytes decoded at a time
 CONTINUE_EXCLUDES = ("resourceVersion", "resourceVersionMatch")
@@ -47,15 +63,27 @@ class Listed:
     resource_version: str
 
 
+Timeout = float | None  # seconds for connecting and for each read; None: the defaults
+
+
 class Api:
-    def __init__(self, kubeconfig: str | None = None) -> None:
+    def __init__(
+        self,
+        kubeconfig: str | None = None,
+        *,
+        connect_seconds: float = CONNECT_SECONDS,
+        read_seconds: float = READ_SECONDS,
+        watch_idle_seconds: float = WATCH_IDLE_SECONDS,
+    ) -> None:
         conn = connection.load(kubeconfig)
         self.client = httpx.Client(
             base_url=conn.server,
             verify=conn.verify,
             auth=conn.auth,
-            timeout=httpx.Timeout(30, read=WATCH_SECONDS + 30),
+            timeout=httpx.Timeout(read_seconds, connect=connect_seconds),
         )
+        self.connect_seconds = connect_seconds
+        self.watch_idle_seconds = watch_idle_seconds
         # What the server sent: JSON bytes (decoded) and bytes on the wire (compressed,
         # when the server compresses a large list). For the scale figures.
         self.received_bytes = 0
@@ -125,6 +153,8 @@ class Api:
                 encoding = response.headers.get("content-encoding", "identity").lower()
         except httpx.HTTPError as err:
             raise ApiError(0, f"GET {path} failed: {err}") from None
+        except ConfigError as err:
+            raise ApiError(0, f"GET {path}: no credentials: {err}") from None
         if encoding not in ("identity", "gzip"):
             raise ApiError(0, f"GET {path}: unexpected content-encoding {encoding!r}")
         self._count(0, sum(map(len, raw)))
@@ -154,85 +184,124 @@ class Api:
         self, path: str, resource_version: str, **params: str
     ) -> Iterator[tuple[str, dict[str, Any]]]:
         """(type, object) events after ``resource_version``, until the server ends the
-        watch. BOOKMARK events carry only a newer resourceVersion. Raises Gone."""
+        watch, or nothing has arrived for ``watch_idle_seconds``. BOOKMARK events
+        carry only a newer resourceVersion. Raises Gone; raises ApiError when the
+        server does not answer within ``watch_idle_seconds`` or keeps the watch open
+        well past the timeoutSeconds it was asked for."""
+        seconds = round(WATCH_SECONDS * (1 + random.random() / 2))
         query = {
             "watch": "1",
             "resourceVersion": resource_version,
             "allowWatchBookmarks": "true",
-            "timeoutSeconds": str(WATCH_SECONDS),
+            "timeoutSeconds": str(seconds),
             **params,
         }
+        deadline = time.monotonic() + seconds + self.watch_idle_seconds
+        timeout = httpx.Timeout(self.watch_idle_seconds, connect=self.connect_seconds)
         try:
-            with self.client.stream("GET", path, params=query) as response:
+            with self.client.stream("GET", path, params=query, timeout=timeout) as response:
                 if response.status_code != 200:
                     response.read()
                     raise _error(response)
-                downloaded = 0
-                for line in response.iter_lines():
-                    wire = response.num_bytes_downloaded
-                    self._count(len(line) + 1, wire - downloaded)
-                    downloaded = wire
-                    if not line:
-                        continue
-                    event = json.loads(line)
-                    kind, obj = event.get("type"), event.get("object") or {}
-                    if kind == "ERROR":
-                        status = int(obj.get("code") or 0)
-                        message = str(obj.get("message", "watch error"))
-                        raise Gone(status, message) if status == 410 else ApiError(status, message)
-                    yield str(kind), obj
+                try:
+                    yield from self._events(path, response, deadline, seconds)
+                except httpx.ReadTimeout:
+                    log.debug(
+                        "watch of %s: quiet for %g s, ending it", path, self.watch_idle_seconds
+                    )
         except httpx.HTTPError as err:
             raise ApiError(0, f"watch of {path} failed: {err}") from None
+        except ConfigError as err:
+            raise ApiError(0, f"watch of {path}: no credentials: {err}") from None
 
-    def get(self, path: str) -> dict[str, Any] | None:
+    def _events(
+        self, path: str, response: httpx.Response, deadline: float, seconds: int
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        downloaded = 0
+        for line in response.iter_lines():
+            wire = response.num_bytes_downloaded
+            self._count(len(line) + 1, wire - downloaded)
+            downloaded = wire
+            if time.monotonic() > deadline:
+                raise ApiError(0, f"watch of {path} still open {seconds} s after its end")
+            if not line:
+                continue
+            event = _json_object(line, f"watch of {path}")
+            kind, obj = event.get("type"), event.get("object") or {}
+            if kind == "ERROR":
+                status = int(obj.get("code") or 0)
+                message = str(obj.get("message", "watch error"))
+                raise Gone(status, message) if status == 410 else ApiError(status, message)
+            yield str(kind), obj
+
+    def get(self, path: str, *, timeout: Timeout = None) -> dict[str, Any] | None:
         """One object, or None when it does not exist."""
         try:
-            return self._json("GET", path)
+            return self._json("GET", path, timeout=timeout)
         except ApiError as err:
             if err.status == 404:
                 return None
             raise
 
     # -- writing -------------------------------------------------------------------------
+    # ``timeout`` bounds connecting and each read of the answer: a caller that may
+    # act only until a moment (a leader, until its lease runs out) gives up by then.
 
-    def create(self, path: str, obj: dict[str, Any]) -> dict[str, Any]:
-        return self._json("POST", path, json=obj)
+    def create(self, path: str, obj: dict[str, Any], *, timeout: Timeout = None) -> dict[str, Any]:
+        return self._json("POST", path, json=obj, timeout=timeout)
 
-    def replace(self, path: str, obj: dict[str, Any]) -> dict[str, Any]:
+    def replace(self, path: str, obj: dict[str, Any], *, timeout: Timeout = None) -> dict[str, Any]:
         """PUT; ApiError 409 when the object changed since it was read."""
-        return self._json("PUT", path, json=obj)
+        return self._json("PUT", path, json=obj, timeout=timeout)
 
-    def patch(self, path: str, patch: dict[str, Any]) -> dict[str, Any]:
+    def patch(self, path: str, patch: dict[str, Any], *, timeout: Timeout = None) -> dict[str, Any]:
         """A JSON merge patch (RFC 7386): keys with null values are removed."""
         return self._json(
             "PATCH",
             path,
             content=json.dumps(patch),
             headers={"Content-Type": "application/merge-patch+json"},
+            timeout=timeout,
         )
 
-    def delete(self, path: str) -> None:
+    def delete(self, path: str, *, timeout: Timeout = None) -> None:
         try:
-            self._json("DELETE", path)
+            self._json("DELETE", path, timeout=timeout)
         except ApiError as err:
             if err.status != 404:
                 raise
 
-    def _json(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+    def _json(
+        self, method: str, path: str, *, timeout: Timeout = None, **kwargs: Any
+    ) -> dict[str, Any]:
+        limit: Any = httpx.USE_CLIENT_DEFAULT if timeout is None else httpx.Timeout(timeout)
         try:
-            response = self.client.request(method, path, **kwargs)
+            response = self.client.request(method, path, timeout=limit, **kwargs)
         except httpx.HTTPError as err:
             raise ApiError(0, f"{method} {path} failed: {err}") from None
+        except ConfigError as err:
+            raise ApiError(0, f"{method} {path}: no credentials: {err}") from None
         self._count(len(response.content), response.num_bytes_downloaded)
         if response.status_code >= 300:
             raise _error(response)
-        return dict(response.json()) if response.content else {}
+        return _json_object(response.content, f"{method} {path}") if response.content else {}
+
+
+def _json_object(data: bytes | str, what: str) -> dict[str, Any]:
+    """A JSON object from the server; ApiError when the body is anything else."""
+    try:
+        value = json.loads(data)
+    except ValueError as err:
+        raise ApiError(0, f"{what}: the answer is not JSON: {err}") from None
+    if not isinstance(value, dict):
+        raise ApiError(0, f"{what}: the answer is a {type(value).__name__}, not an object")
+    return value
 
 
 def _error(response: httpx.Response) -> ApiError:
     try:
         message = str(response.json().get("message", response.text))
-    except ValueError:
+    except (ValueError, AttributeError):  # not JSON, or JSON but not an object
         message = response.text
     cls = Gone if response.status_code == 410 else ApiError
     return cls(

@@ -39,6 +39,7 @@ from typing import Any, NamedTuple
 
 from cni.kube import prefixclaims
 from cni.kube.api import Api, ApiError, Gone
+from cni.kube.backoff import HEALTHY_WATCH_SECONDS, Backoff
 from cni.kube.events import NodeEvents
 from ipam.claims import Block, BlockUsage, Claim, Shortage
 from ipam.config import PrefixConfig
@@ -51,7 +52,6 @@ SPREAD = 32
 MAX_CONFLICTS = 20
 FLUSH_SECONDS = 0.5  # usage is published at most this often
 SWEEP_SECONDS = 1.0  # released claims are looked at this often
-RETRY_SECONDS = (0.5, 1, 2, 5, 10)
 DEAD_UIDS = 4096  # deleted objects remembered, so that a late event cannot revive one
 REASONS = {"fragmented": "PrefixPoolFragmented", "exhausted": "PrefixPoolExhausted"}
 
@@ -405,31 +405,48 @@ class ApiClaimStore:
         return listed.resource_version
 
     def _watch_loop(self) -> None:
-        failures = 0
+        # As an informer's: every failure, 410 and watch that ends at once waits
+        # (jittered, growing) before the next request, so that the agents of a
+        # cluster do not list from etcd in step; a watch open 5 s resets the waits.
+        backoff = Backoff()
         version = ""
         while not self._stopping.is_set():
+            watching_since: float | None = None
+            ended = False
             try:
                 if not version:
                     version = self._list()
+                watching_since = time.monotonic()
                 for event, obj in self.api.watch(prefixclaims.PATH, version):
                     if self._stopping.is_set():
                         return
                     version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
                     self._apply(event, obj)
-                failures = 0
+                ended = True
+                problem = "the watch ended at once"
             except Gone:
                 version = ""
+                problem = "resourceVersion gone, listing again"
             except Exception as err:
                 if self._stopping.is_set():
                     return
-                delay = RETRY_SECONDS[min(failures, len(RETRY_SECONDS) - 1)]
-                failures += 1
                 if isinstance(err, ApiError):
-                    log.warning("prefix claims: %s; retrying in %s s", err, delay)
+                    problem = str(err)
                 else:
                     log.exception("prefix claims: unexpected failure; listing again")
+                    problem = "unexpected failure"
                     version = ""
-                self._stopping.wait(delay)
+            if self._stopping.is_set():
+                return
+            if watching_since is not None and (
+                time.monotonic() - watching_since >= HEALTHY_WATCH_SECONDS
+            ):
+                backoff.reset()
+                if ended:
+                    continue
+            delay = backoff.next()
+            log.warning("prefix claims: %s; retrying in %.1f s", problem, delay)
+            self._stopping.wait(delay)
 
     def _apply(self, event: str, obj: dict[str, Any]) -> None:
         if event in ("ADDED", "MODIFIED"):

@@ -2,6 +2,13 @@
 resourceVersion, resume a broken watch where it stopped, list again when the
 server says that version is gone (410).
 
+Every failure waits before the next request (``backoff``: exponential, capped,
+jittered): a failed request, a 410, and a watch that ends at once without having
+been useful (shorter than ``HEALTHY_WATCH_SECONDS``). The waits grow until a
+watch stays open that long, so a server that refuses or drops every watch is
+asked at most about twice per ``CAP_SECONDS / 2``, and the agents of a
+cluster, cut off together, relist spread apart.
+
 Objects are parsed (and so trimmed to what the resolver reads) as they
 arrive, before anything keeps them. ``synced`` is set once the first list is
 through; the sink sees every list as a whole replacement and every event on
@@ -17,11 +24,10 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from cni.kube.api import Api, ApiError, Gone
+from cni.kube.backoff import HEALTHY_WATCH_SECONDS, Backoff
 from cni.policy.errors import PolicyInputError
 
 log = logging.getLogger("sluice.k8s")
-
-RETRY_SECONDS = (0.5, 1, 2, 5, 10)
 
 
 class Sink(Protocol):
@@ -59,34 +65,42 @@ class Informer:
         self._stopping.set()
 
     def _run(self) -> None:
-        failures = 0
+        backoff = Backoff()
         need_list = True
         while not self._stopping.is_set():
+            watching_since: float | None = None
+            ended = False  # the server ended the watch
             try:
                 if need_list:
                     self._list()
                     need_list = False
+                watching_since = time.monotonic()
                 self._watch()
-                failures = 0
+                ended = True
+                problem = "the watch ended at once"
             except Gone:
-                log.info(
-                    "%s: resourceVersion %s is gone, listing again",
-                    self.kind,
-                    self.resource_version,
-                )
                 need_list = True
+                problem = f"resourceVersion {self.resource_version} is gone, listing again"
             except Exception as err:
                 if self._stopping.is_set():
                     return  # stopped while a request was open: its client may be closed
                 if isinstance(err, ApiError):
-                    delay = RETRY_SECONDS[min(failures, len(RETRY_SECONDS) - 1)]
-                    failures += 1
-                    log.warning("%s: %s; retrying in %s s", self.kind, err, delay)
-                    self._stopping.wait(delay)
+                    problem = str(err)
                 else:  # a bug: keep the informer alive, and say so
                     log.exception("%s: unexpected failure; listing again", self.kind)
+                    problem = "unexpected failure"
                     need_list = True
-                    self._stopping.wait(1)
+            if self._stopping.is_set():
+                return
+            if watching_since is not None and (
+                time.monotonic() - watching_since >= HEALTHY_WATCH_SECONDS
+            ):
+                backoff.reset()
+                if ended:
+                    continue  # the server ended a long watch: resume at once
+            delay = backoff.next()
+            log.warning("%s: %s; retrying in %.1f s", self.kind, problem, delay)
+            self._stopping.wait(delay)
 
     def _list(self) -> None:
         started = time.monotonic()

@@ -6,8 +6,9 @@ typed models, an asyncio client and more (about 6 MB of an agent's resident memo
 which otherwise holds the objects of its node only). Supported, as kubectl reads
 them: ``server``, ``certificate-authority`` (``-data``), ``insecure-skip-tls-verify``;
 ``client-certificate``/``client-key`` (``-data``), ``token``, ``tokenFile``,
-``username``/``password`` and ``exec`` credential plugins. Relative paths are
-relative to the kubeconfig's directory.
+``username``/``password`` and ``exec`` credential plugins (run with a timeout,
+and again once their token's ``expirationTimestamp`` has passed). Relative paths
+are relative to the kubeconfig's directory.
 """
 
 from __future__ import annotations
@@ -15,10 +16,14 @@ from __future__ import annotations
 import base64
 import json
 import os
+import signal
 import ssl
 import tempfile
+import threading
+import time
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +37,9 @@ EXEC_API_VERSIONS = (
     "client.authentication.k8s.io/v1beta1",
     "client.authentication.k8s.io/v1alpha1",
 )
+# A credential plugin that does not answer in this time is stopped, and the request
+# that needed it fails (and is retried as any other failed request is).
+EXEC_TIMEOUT_SECONDS = 10.0
 
 
 class ConfigError(ValueError):
@@ -173,34 +181,101 @@ class TokenFileAuth(httpx.Auth):
             yield request
 
 
-class ExecAuth(httpx.Auth):
-    """A token from a credential plugin (``users[].user.exec``), asked again after a 401."""
+@dataclass(frozen=True)
+class ExecCredential:
+    header: str
+    expires: float | None  # time.time() after which the plugin is asked again; None: never
 
-    def __init__(self, spec: Mapping[str, Any]) -> None:
+
+def parse_exec_credential(output: bytes, command: str) -> ExecCredential:
+    """A credential plugin's ExecCredential: its token, and when it expires
+    (``status.expirationTimestamp``, RFC 3339)."""
+    try:
+        status = json.loads(output)["status"]
+        token = status["token"]
+    except (ValueError, KeyError, TypeError) as err:
+        raise ConfigError(f"credential plugin {command} printed no status.token: {err!r}") from None
+    if not isinstance(token, str) or not token:
+        raise ConfigError(f"credential plugin {command} printed an empty token")
+    expiry = status.get("expirationTimestamp")
+    if not expiry:
+        return ExecCredential(f"Bearer {token}", None)
+    try:
+        expires = datetime.fromisoformat(str(expiry).replace("Z", "+00:00"))
+    except ValueError:
+        raise ConfigError(
+            f"credential plugin {command}: expirationTimestamp {expiry!r} is not RFC 3339"
+        ) from None
+    if expires.tzinfo is None:
+        raise ConfigError(f"credential plugin {command}: expirationTimestamp {expiry!r}: no zone")
+    return ExecCredential(f"Bearer {token}", expires.timestamp())
+
+
+class ExecAuth(httpx.Auth):
+    """A token from a credential plugin (``users[].user.exec``): asked again once the
+    token's ``expirationTimestamp`` has passed, and after a 401; a plugin that does
+    not answer within ``timeout`` seconds is stopped. One plugin run at a time serves
+    every thread of the client."""
+
+    def __init__(self, spec: Mapping[str, Any], timeout: float = EXEC_TIMEOUT_SECONDS) -> None:
         if spec.get("apiVersion") not in EXEC_API_VERSIONS:
             raise ConfigError(f"kubeconfig: exec apiVersion {spec.get('apiVersion')!r}")
         self.spec = spec
-        self.header = ""
+        self.timeout = timeout
+        self.credential: ExecCredential | None = None
+        self._running = threading.Lock()
 
-    def _run(self) -> str:
+    def _run(self) -> ExecCredential:
         import subprocess  # only with a credential plugin
 
         env = dict(os.environ)
         env.update({e["name"]: e["value"] for e in self.spec.get("env") or ()})
         command = [self.spec["command"], *(self.spec.get("args") or ())]
-        done = subprocess.run(command, env=env, capture_output=True, check=False)
-        if done.returncode != 0:
-            raise ConfigError(
-                f"credential plugin {command[0]} exited with {done.returncode}: "
-                f"{done.stderr.decode(errors='replace').strip()}"
+        try:
+            # A session of its own: on a timeout, whatever it started is stopped too.
+            plugin = subprocess.Popen(
+                command,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
             )
-        return f"Bearer {json.loads(done.stdout)['status']['token']}"
+        except OSError as err:
+            raise ConfigError(f"credential plugin {command[0]} cannot run: {err}") from None
+        try:
+            stdout, stderr = plugin.communicate(timeout=self.timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(plugin.pid, signal.SIGKILL)
+            plugin.communicate()
+            raise ConfigError(
+                f"credential plugin {command[0]} did not answer in {self.timeout:g} s"
+            ) from None
+        if plugin.returncode != 0:
+            raise ConfigError(
+                f"credential plugin {command[0]} exited with {plugin.returncode}: "
+                f"{stderr.decode(errors='replace').strip()}"
+            )
+        return parse_exec_credential(stdout, command[0])
+
+    def _header(self, refused: str = "") -> str:
+        """The current token's header; the plugin is run when there is none, when it
+        has expired, or when the server refused ``refused`` (unless another thread has
+        already replaced it)."""
+        with self._running:
+            held = self.credential
+            if (
+                held is None
+                or (held.expires is not None and time.time() >= held.expires)
+                or held.header == refused
+            ):
+                held = self.credential = self._run()
+            return held.header
 
     def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
-        self.header = self.header or self._run()
-        request.headers["Authorization"] = self.header
+        header = self._header()
+        request.headers["Authorization"] = header
         response = yield request
         if response.status_code == 401:
-            self.header = self._run()
-            request.headers["Authorization"] = self.header
+            request.headers["Authorization"] = self._header(refused=header)
             yield request

@@ -4,11 +4,20 @@ controllers do it.
 The leader renews the Lease every ``retry`` seconds. A standby takes it over only
 when it has seen the same record (holder and renew time) unchanged for a whole
 ``lease`` duration, measured on its own monotonic clock (never by comparing
-clocks of two machines). A leader that could not renew for ``renew_deadline``
-seconds (shorter than ``lease``) stops leading before any standby may start.
-On a clean stop the leader releases the Lease (no holder), so a standby takes
-over at its next try instead of waiting out the duration. Every write is a
-compare-and-swap on the Lease's resourceVersion: of two contenders one wins.
+clocks of two machines). Every write is a compare-and-swap on the Lease's
+resourceVersion: of two contenders one wins.
+
+A leader is sure that it leads for ``renew_deadline`` seconds (shorter than
+``lease``) after the start of its last successful renewal, on its monotonic
+clock: a standby can see that renewal only after it was sent, and waits a whole
+``lease`` from then. ``is_leading()`` is that test, and it holds by time alone,
+so it turns false in time even while the elector's request hangs on a server
+that does not answer; the elector's requests time out by the end of that time.
+Any failure of an attempt (the API's, a credential plugin's, an unexpected
+answer) counts as a failed renewal, never ends the elector, and once the time
+is up the leader stops leading (``on_stopped``) before it tries again. On a
+clean stop the leader releases the Lease (no holder), so a standby takes over
+at its next try instead of waiting out the duration.
 """
 
 from __future__ import annotations
@@ -68,33 +77,59 @@ class LeaderElector:
         self.leading = threading.Event()
         self._observed: tuple[str, str] | None = None  # (holder, renewTime) last seen
         self._observed_at = 0.0
-        self._renewed_at = 0.0
+        self._sure_until = 0.0  # monotonic: the end of the time this process surely leads
+
+    def is_leading(self) -> bool:
+        """True while this process surely holds the lease; writes depend on it."""
+        return self.leading.is_set() and time.monotonic() < self._sure_until
+
+    def remaining(self) -> float:
+        """Seconds this process still surely leads (0 when it does not)."""
+        return max(0.0, self._sure_until - time.monotonic()) if self.leading.is_set() else 0.0
 
     def run(self, stopping: threading.Event) -> None:
         """Try to lead, then keep leading, until ``stopping``; release on the way out."""
-        while not stopping.is_set():
-            try:
-                ok = self._try_acquire_or_renew()
-            except ApiError as err:
-                log.warning("lease %s/%s: %s", self.namespace, self.name, err)
-                ok = False
-            now = time.monotonic()
-            if ok:
-                self._renewed_at = now
-                if not self.leading.is_set():
-                    log.info(
-                        "leading: %s holds lease %s/%s", self.identity, self.namespace, self.name
-                    )
-                    self.leading.set()
-                    self.on_started()
-            elif self.leading.is_set() and (
-                now - self._renewed_at > self.renew_deadline or self._taken_over()
-            ):
-                self._stop_leading("could not renew the lease in time")
-            stopping.wait(self.retry)
-        if self.leading.is_set():
-            self._stop_leading("stopping")
-            self.release()
+        try:
+            while not stopping.is_set():
+                try:
+                    self._attempt()
+                except Exception:  # a bug (in a callback?): keep contending, not leading
+                    log.exception("lease %s/%s: unexpected failure", self.namespace, self.name)
+                    if self.leading.is_set():
+                        self._stop_leading("unexpected failure")
+                stopping.wait(self.retry)
+        finally:
+            # However the loop ended, this process does not lead any more.
+            if self.leading.is_set():
+                self._stop_leading("stopping")
+                if stopping.is_set():
+                    self.release()
+
+    def _attempt(self) -> None:
+        started = time.monotonic()
+        if self.leading.is_set() and started >= self._sure_until:
+            self._stop_leading("could not renew the lease in time")
+        # A leader's request must end while it is still sure; a standby's within the
+        # renew deadline, so that a hung server does not hold its elector either.
+        timeout = self.remaining() if self.leading.is_set() else self.renew_deadline
+        try:
+            ok = self._try_acquire_or_renew(timeout)
+        except Exception as err:  # not sure of the lease: the same as not renewed
+            log.warning("lease %s/%s: %s", self.namespace, self.name, err)
+            ok = False
+        now = time.monotonic()
+        if self.leading.is_set() and now >= self._sure_until:
+            # The attempt outlasted the time this process was sure: its writes stopped
+            # meanwhile, so leading again (even on this renewal) is a new term.
+            self._stop_leading("could not renew the lease in time")
+        if ok and now < started + self.renew_deadline:
+            self._sure_until = started + self.renew_deadline
+            if not self.leading.is_set():
+                log.info("leading: %s holds lease %s/%s", self.identity, self.namespace, self.name)
+                self.leading.set()
+                self.on_started()
+        elif self.leading.is_set() and self._taken_over():
+            self._stop_leading("another contender holds the lease")
 
     def _stop_leading(self, why: str) -> None:
         log.warning("no longer leading (%s)", why)
@@ -104,8 +139,16 @@ class LeaderElector:
     def _taken_over(self) -> bool:
         return self._observed is not None and self._observed[0] not in ("", self.identity)
 
-    def _try_acquire_or_renew(self) -> bool:
-        lease = self.api.get(self.path)
+    def _try_acquire_or_renew(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+
+        def left() -> float:
+            rest = deadline - time.monotonic()
+            if rest <= 0:
+                raise ApiError(0, f"lease {self.namespace}/{self.name}: out of time")
+            return rest
+
+        lease = self.api.get(self.path, timeout=left())
         now = time.time()
         if lease is None:
             body = {
@@ -115,7 +158,7 @@ class LeaderElector:
                 "spec": self._spec(now, acquired=micro_time(now), transitions=0),
             }
             try:
-                self.api.create(self.collection, body)
+                self.api.create(self.collection, body, timeout=left())
             except ApiError as err:
                 if err.status == 409:  # another contender created it first
                     return False
@@ -135,7 +178,7 @@ class LeaderElector:
         acquired = str(spec.get("acquireTime") or "") if mine else micro_time(now)
         lease["spec"] = self._spec(now, acquired=acquired, transitions=transitions)
         try:
-            updated = self.api.replace(self.path, lease)
+            updated = self.api.replace(self.path, lease, timeout=left())
         except ApiError as err:
             if err.status == 409:  # someone else wrote it since we read it
                 return False
@@ -157,14 +200,14 @@ class LeaderElector:
     def release(self) -> None:
         """Give the lease up (no holder), so that a standby need not wait it out."""
         try:
-            lease = self.api.get(self.path)
+            lease = self.api.get(self.path, timeout=self.renew_deadline)
             if lease is None or (lease.get("spec") or {}).get("holderIdentity") != self.identity:
                 return
             spec = lease["spec"]
             spec["holderIdentity"] = ""
             spec["leaseDurationSeconds"] = 1
             spec["renewTime"] = micro_time()
-            self.api.replace(self.path, lease)
+            self.api.replace(self.path, lease, timeout=self.renew_deadline)
             log.info("released lease %s/%s", self.namespace, self.name)
         except ApiError as err:
             log.warning("could not release lease %s/%s: %s", self.namespace, self.name, err)

@@ -43,12 +43,15 @@ class _Text:
         # Drop what is consumed, now and then (each drop copies the rest).
         if self.pos > 65536 and self.pos * 2 > len(self.text):
             self.text, self.pos = self.text[self.pos :], 0
-        for chunk in self._chunks:
-            decoded = self._utf8.decode(chunk)
-            if decoded:
-                self.text += decoded
-                return True
-        self.text += self._utf8.decode(b"", final=True)
+        try:
+            for chunk in self._chunks:
+                decoded = self._utf8.decode(chunk)
+                if decoded:
+                    self.text += decoded
+                    return True
+            self.text += self._utf8.decode(b"", final=True)
+        except UnicodeDecodeError as err:
+            raise ListFormatError(f"the response is not UTF-8: {err}") from None
         self.ended = True
         return True
 

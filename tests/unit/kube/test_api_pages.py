@@ -6,8 +6,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import pytest
+
 from cni.kube import api as api_module
-from cni.kube.api import Api
+from cni.kube.api import Api, ApiError
 
 
 class PagedApi(Api):
@@ -37,3 +39,13 @@ def test_batches_and_continued_pages(monkeypatch: Any) -> None:
     assert first == {"limit": "500", "resourceVersion": "5", "resourceVersionMatch": "NotOlderThan"}
     # The server refuses a resourceVersion or its match with a continue token.
     assert second == {"limit": "500", "continue": "token"}
+
+
+@pytest.mark.parametrize(
+    ("body", "error"),
+    [(b"<html>bad gateway</html>", "not JSON"), (b"[1, 2]", "a list, not an object")],
+)
+def test_an_answer_that_is_not_a_json_object_is_an_api_error(body: bytes, error: str) -> None:
+    """Not an exception of another kind, which would end the thread that asked."""
+    with pytest.raises(ApiError, match=error):
+        api_module._json_object(body, "GET /apis/coordination.k8s.io/v1/leases/x")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import ssl
+import time
 from pathlib import Path
 
 import pytest
@@ -62,3 +63,74 @@ def test_errors_name_the_file_and_what_is_missing(tmp_path: Path) -> None:
     path.write_text(json.dumps({"current-context": "x", "contexts": []}))
     with pytest.raises(ConfigError, match="no contexts entry named 'x'"):
         kubeconfig.load(str(path))
+
+
+def exec_spec(tmp_path: Path, body: str) -> dict[str, object]:
+    """A credential plugin (a shell script) that logs each run to ``runs``."""
+    script = tmp_path / "plugin"
+    script.write_text(f"#!/bin/sh\necho run >> {tmp_path / 'runs'}\n{body}\n")
+    script.chmod(0o755)
+    return {"apiVersion": "client.authentication.k8s.io/v1", "command": str(script)}
+
+
+def credential(token: str, expiry: str | None = None) -> str:
+    status: dict[str, str] = {"token": token}
+    if expiry:
+        status["expirationTimestamp"] = expiry
+    return json.dumps({"kind": "ExecCredential", "status": status})
+
+
+def plugin_runs(tmp_path: Path) -> int:
+    return len((tmp_path / "runs").read_text().splitlines())
+
+
+def test_an_exec_credential_is_kept_until_its_expiration_then_asked_for_again(
+    tmp_path: Path,
+) -> None:
+    # The token names the second it was made; it expires a second later.
+    body = (
+        "now=$(date -u +%s); exp=$(date -u -d @$((now + 1)) +%Y-%m-%dT%H:%M:%SZ)\n"
+        'printf \'{"status":{"token":"t%s","expirationTimestamp":"%s"}}\' "$now" "$exp"'
+    )
+    auth = kubeconfig.ExecAuth(exec_spec(tmp_path, body))
+    first = auth._header()
+    assert auth._header() == first and plugin_runs(tmp_path) == 1
+    time.sleep(2.1)
+    assert auth._header() != first and plugin_runs(tmp_path) == 2
+
+
+def test_an_exec_credential_without_expiration_is_kept(tmp_path: Path) -> None:
+    auth = kubeconfig.ExecAuth(exec_spec(tmp_path, f"echo '{credential('forever')}'"))
+    assert auth._header() == auth._header() == "Bearer forever"
+    assert plugin_runs(tmp_path) == 1
+    # A 401 for the held token asks again; a 401 for an older one does not.
+    assert auth._header(refused="Bearer older") == "Bearer forever"
+    assert plugin_runs(tmp_path) == 1
+    auth._header(refused="Bearer forever")
+    assert plugin_runs(tmp_path) == 2
+
+
+def test_a_credential_plugin_that_hangs_is_stopped(tmp_path: Path) -> None:
+    auth = kubeconfig.ExecAuth(exec_spec(tmp_path, "sleep 60"), timeout=0.5)
+    with pytest.raises(ConfigError, match=r"did not answer in 0\.5 s"):
+        auth._header()
+
+
+@pytest.mark.parametrize(
+    ("output", "error"),
+    [
+        ("not json", "no status.token"),
+        ('{"status": {}}', "no status.token"),
+        ('{"status": {"token": ""}}', "empty token"),
+        (credential("t", "tomorrow"), "not RFC 3339"),
+        (credential("t", "2030-01-01T00:00:00"), "no zone"),
+    ],
+)
+def test_what_a_plugin_prints_is_checked(output: str, error: str) -> None:
+    with pytest.raises(ConfigError, match=error):
+        kubeconfig.parse_exec_credential(output.encode(), "plugin")
+
+
+def test_an_expiration_is_read_as_rfc_3339() -> None:
+    got = kubeconfig.parse_exec_credential(credential("t", "2030-01-01T00:00:00Z").encode(), "p")
+    assert got.expires == 1893456000.0 and got.header == "Bearer t"

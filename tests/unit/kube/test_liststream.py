@@ -52,3 +52,8 @@ def test_a_number_cut_at_a_chunk_boundary_is_read_whole() -> None:
 def test_what_is_not_a_list_says_what_it_found(text: str) -> None:
     with pytest.raises(ListFormatError):
         list(list_members(cut(text.encode(), 3)))
+
+
+def test_bytes_that_are_not_utf8_are_a_format_error() -> None:
+    with pytest.raises(ListFormatError, match="not UTF-8"):
+        list(list_members([b'{"items":["\xff\xfe"]}']))
