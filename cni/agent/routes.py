@@ -167,6 +167,15 @@ class RouteKeeper:
         )
         for dst, why in desired.skipped.items():
             self._report(f"skip {dst}", f"no route to {dst}: {why}")
+        cluster = self.conf.cluster_cidr
+        if self.conf.ip_masq and cluster is not None:
+            for dst in desired.routes:
+                if not dst.subnet_of(cluster):
+                    self._report(
+                        f"masq {dst}",
+                        f"pod traffic to {dst} is masqueraded: it is outside clusterCIDR "
+                        f"{cluster} (set clusterCIDR to the cluster's pod range)",
+                    )
         with IPRoute() as ipr:
             own = next((n for n in known if n.name == self.node_name), None)
             tunnel_index = self._tunnel(ipr, own)

@@ -364,7 +364,8 @@ def test_a_restarted_agent_removes_nothing_before_the_full_list(
     first.run("ip", "route", "add", stale, "via", nodes[1].address, "proto", str(PROTOCOL))
     # The API out of reach: the agent starts but cannot list.
     port = _api_port(k8s_control_plane)
-    rules = f"table ip {FILTER_TABLE} {{ chain out {{ type filter hook output priority 0; tcp dport {port} reject with tcp reset; }} }}"  # noqa: E501
+    reject = f"type filter hook output priority 0; tcp dport {port} reject with tcp reset;"
+    rules = f"table ip {FILTER_TABLE} {{ chain out {{ {reject} }} }}"
     first.run("nft", rules)
     try:
         first.start_agent("native", wait=False)
@@ -414,10 +415,11 @@ def test_a_filtering_node_network_needs_the_tunnel(
     """The bridge drops every packet whose source is not a node: native routing fails,
     VXLAN passes, with the caller's own address and the pod MTU 50 bytes smaller."""
     allowed = ", ".join([BRIDGE_ADDRESS, *(n.address for n in nodes)])
-    sh(
-        "nft",
-        f"table bridge {FILTER_TABLE} {{ chain forward {{ type filter hook forward priority 0; ether type ip ip saddr != {{ {allowed} }} counter drop; }} }}",
-    )  # noqa: E501
+    chain = (
+        "type filter hook forward priority 0; "
+        f"ether type ip ip saddr != {{ {allowed} }} counter drop;"
+    )
+    sh("nft", f"table bridge {FILTER_TABLE} {{ chain forward {{ {chain} }} }}")
     client_ns, server_ns = pods.new(), pods.new()
     nodes[0].add_pod(client_ns, "client-filtered")
     server_ip = nodes[1].add_pod(server_ns, "server-filtered")
