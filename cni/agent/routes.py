@@ -129,7 +129,11 @@ class RouteKeeper:
 
     def change(self, kind: str, event: str, obj: Any) -> None:
         with self._lock:
-            table: dict[Any, Any] = self.nodes if kind == "nodes" else (self.claims or {})
+            table: dict[Any, Any] = self.nodes
+            if kind != "nodes":
+                if self.claims is None:
+                    return
+                table = self.claims
             key = obj.name if kind == "nodes" else obj.prefix
             if event == "DELETED":
                 changed = table.pop(key, None) is not None

@@ -38,7 +38,7 @@ import pytest
 from cni.net import vxlan
 from cni.net.peer_routes import PROTOCOL
 from tests.harness.agent import NETPROBE, PYTHON, AgentProcess, k8s_args
-from tests.harness.claims import apply
+from tests.harness.claims import CRD, apply, claims_by_node, prefix_ipam
 from tests.harness.cluster import Cluster
 from tests.harness.cni_run import (
     SESSION_TAG,
@@ -87,6 +87,7 @@ class SimNode:
         self.bpf_dir = f"/sys/fs/bpf/slt-{os.getpid()}-rt{TAG}-{self.index}"
         self.conflist = self.workdir / "net.conflist"
         self.agent: AgentProcess | None = None
+        self.ipam: dict[str, Any] = {"type": "sluice-ipam", "subnet": self.pod_cidr}
 
     # -- the node ----------------------------------------------------------------------
 
@@ -134,7 +135,7 @@ class SimNode:
             agentSocket=self.socket,
             bpfDir=self.bpf_dir,
             stateDir=str(self.workdir / "state"),
-            ipam={"type": "sluice-ipam", "subnet": self.pod_cidr},
+            ipam=self.ipam,
             clusterCIDR=str(CLUSTER),
             uplinks=[],
             routing=routing,
@@ -547,3 +548,42 @@ def test_a_deleted_node_leaves_the_others_routes_and_pods(
         server.stop()
         first.delete_pod(client_ns, "client-removal")
         second.delete_pod(server_ns, "server-removal")
+
+
+def test_prefix_mode_routes_each_prefix_another_node_holds(
+    nodes: list[SimNode], pods: PodNamespaces, k8s_control_plane: Cluster
+) -> None:
+    """Claims in the API: a block node 1 claims for its pod is routed on node 2 via
+    node 1, and the route goes when the released block's claim is deleted."""
+    cluster = k8s_control_plane
+    cluster.kubectl("apply", "-f", str(CRD))
+    cluster.kubectl("wait", "--for=condition=Established", "-f", str(CRD))
+    pool = str(list(CLUSTER.subnets(new_prefix=24))[100])
+    first, second = nodes[0], nodes[1]
+    for node in (first, second):
+        node.stop_agent()
+        node.ipam = prefix_ipam(pool, node.name, warmPrefixes=0, cooldownSeconds=0)
+    for node in (first, second):
+        node.start_agent("native")
+    for node in (first, second):  # the node-CIDR routes are no longer wanted
+        wait_for_routes(node, {}, "no route while nobody holds a prefix")
+    client_ns, server_ns = pods.new(), pods.new()
+    client_ip = first.add_pod(client_ns, "client-prefix")
+    server_ip = second.add_pod(server_ns, "server-prefix")
+    held = claims_by_node(cluster, pool)
+    assert set(held) == {first.name, second.name}, held
+    assert ipaddress.IPv4Address(client_ip) in ipaddress.IPv4Network(held[first.name][0])
+    wait_for_routes(second, {held[first.name][0]: first.address}, "the route to node 1's block")
+    wait_for_routes(first, {held[second.name][0]: second.address}, "the route to node 2's block")
+    server = Server(server_ns)
+    try:
+        assert eventually(lambda: tcp_reaches(client_ns, server_ip), "TCP between prefixes")
+        assert server.sources() == {("tcp", client_ip)}
+    finally:
+        server.stop()
+        first.delete_pod(client_ns, "client-prefix")
+        second.delete_pod(server_ns, "server-prefix")
+    # The emptied blocks are given back (cooldown 0) and their claims deleted.
+    eventually(lambda: not claims_by_node(cluster, pool), "the claims released", timeout=120)
+    for node in (first, second):
+        wait_for_routes(node, {}, "the released block's route gone")
