@@ -2,7 +2,8 @@
 
 Three "nodes", each a network namespace with one interface on a shared bridge (the
 node network) and a real ``sluicectl agent --kubeconfig`` of its own (stateDir,
-bpfDir, socket), all watching the Node objects of one control plane (no kubelet:
+bpfDir, socket; authenticated as the agent's ServiceAccount of
+conf/sluice-rbac.yaml, so that its ClusterRole is shown to suffice), all watching the Node objects of one control plane (no kubelet:
 the test writes each Node's podCIDR and InternalIP). Pods are wired through the
 ``sluice`` executable against each node's agent, in namespaces of their own.
 
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from cni.net import vxlan
 from cni.net.peer_routes import PROTOCOL
@@ -60,6 +62,7 @@ CLUSTER = ipaddress.IPv4Network(f"10.{random.randint(160, 199)}.0.0/16")
 BRIDGE = f"rtbr{TAG}"
 FILTER_TABLE = f"slt_rt{TAG}"
 NODES = 3
+RBAC = Path(__file__).resolve().parents[3] / "conf" / "sluice-rbac.yaml"
 
 
 def sh(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -87,6 +90,7 @@ class SimNode:
         self.bpf_dir = f"/sys/fs/bpf/slt-{os.getpid()}-rt{TAG}-{self.index}"
         self.conflist = self.workdir / "net.conflist"
         self.agent: AgentProcess | None = None
+        self.kubeconfig = self.cluster.kubeconfig  # the agent's (see agent_kubeconfig)
         self.ipam: dict[str, Any] = {"type": "sluice-ipam", "subnet": self.pod_cidr}
 
     # -- the node ----------------------------------------------------------------------
@@ -153,7 +157,7 @@ class SimNode:
             self.conflist,
             self.workdir / "agent.log",
             "--kubeconfig",
-            str(self.cluster.kubeconfig),
+            str(self.kubeconfig),
             "--node-name",
             self.name,
             wrapper=("nsenter", f"--net=/run/netns/{self.netns}"),
@@ -226,8 +230,27 @@ def node_network() -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
+def agent_kubeconfig(k8s_control_plane: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The agent's ServiceAccount of conf/sluice-rbac.yaml, with exactly what its
+    ClusterRole grants (every user of the harness's token file is an admin)."""
+    cluster = k8s_control_plane
+    cluster.kubectl("apply", "-f", str(RBAC))
+    token = cluster.kubectl(
+        "create", "token", "sluice-agent", "-n", "kube-system", "--duration=6h"
+    ).stdout.strip()
+    config = yaml.safe_load(cluster.kubeconfig.read_text())
+    for user in config["users"]:
+        user["user"] = {"token": token}
+    path = tmp_path_factory.mktemp("agent-kubeconfig") / "agent.kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return path
+
+
+@pytest.fixture(scope="module")
 def nodes(
     k8s_control_plane: Cluster,
+    agent_kubeconfig: Path,
     node_network: None,
     tmp_path_factory: pytest.TempPathFactory,
     bin_dir: Path,
@@ -244,6 +267,7 @@ def nodes(
         for index in range(1, NODES + 1):
             node = SimNode(index, k8s_control_plane, network, workdir / f"n{index}")
             node.workdir.mkdir()
+            node.kubeconfig = agent_kubeconfig
             made.append(node)
             node.create_namespace()
             node.create_node_object()
@@ -388,8 +412,6 @@ def test_a_restarted_agent_removes_nothing_before_the_full_list(
 
 
 def _api_port(cluster: Cluster) -> int:
-    import yaml
-
     server = yaml.safe_load(cluster.kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
     return int(server.rsplit(":", 1)[1].rstrip("/"))
 
@@ -563,6 +585,7 @@ def test_prefix_mode_routes_each_prefix_another_node_holds(
     for node in (first, second):
         node.stop_agent()
         node.ipam = prefix_ipam(pool, node.name, warmPrefixes=0, cooldownSeconds=0)
+        node.kubeconfig = cluster.kubeconfig  # the claims' writes are granted apart
     for node in (first, second):
         node.start_agent("native")
     for node in (first, second):  # the node-CIDR routes are no longer wanted
