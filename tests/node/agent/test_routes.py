@@ -3,8 +3,9 @@
 Three "nodes", each a network namespace with one interface on a shared bridge (the
 node network) and a real ``sluicectl agent --kubeconfig`` of its own (stateDir,
 bpfDir, socket; authenticated as the agent's ServiceAccount of
-conf/sluice-rbac.yaml, so that its ClusterRole is shown to suffice), all watching the Node objects of one control plane (no kubelet:
-the test writes each Node's podCIDR and InternalIP). Pods are wired through the
+conf/sluice-rbac.yaml, so that its ClusterRole is shown to suffice), all watching
+the Node objects of one control plane (no kubelet: the test writes each Node's
+podCIDR and InternalIP). Pods are wired through the
 ``sluice`` executable against each node's agent, in namespaces of their own.
 
 Proved here: the routes follow the Nodes (created, deleted), a restarted agent
