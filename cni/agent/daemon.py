@@ -124,6 +124,7 @@ class Agent:
         self.routes = routes.for_agent(conf, self.node_name, self.kubeconfig, self.from_api)
         if self.routes is not None:
             self.routes.start()
+            self.metrics.registry.register(self.routes.collector())
         by_controller = self.resolver == "controller"
         self.enforcer = Enforcer(
             self.datapath,

@@ -23,6 +23,8 @@ import logging
 import threading
 from typing import Any
 
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 from pyroute2 import IPRoute
 
 from cni.agent import route_plan
@@ -88,6 +90,7 @@ class RouteKeeper:
             )
         self.reconciled = threading.Event()  # set after each pass that had the full view
         self.passes = 0
+        self.kept = 0  # routes the last pass left in place
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stopping = threading.Event()
@@ -210,6 +213,7 @@ class RouteKeeper:
                     f"not routing {dst}: a route of another protocol to it is there",
                 )
         self.passes += 1
+        self.kept = len(routes) - len(steps.blocked)
         if complete:
             self.reconciled.set()
         return steps
@@ -248,7 +252,38 @@ class RouteKeeper:
         self._errors.pop(what, None)
         return True
 
+    @property
+    def problems(self) -> int:
+        """What failed or was left out at the last attempt, and is not fixed yet."""
+        return len(self._errors)
+
+    def collector(self) -> Collector:
+        return _RouteMetrics(self)
+
     def _report(self, what: str, message: str) -> None:
         if self._errors.get(what) != message:
             log.warning("%s", message)
             self._errors[what] = message
+
+
+class _RouteMetrics(Collector):
+    def __init__(self, keeper: RouteKeeper) -> None:
+        self.keeper = keeper
+
+    def collect(self) -> Any:
+        labels = ["network", "routing"]
+        values = [self.keeper.conf.network, self.keeper.conf.routing]
+        kept = GaugeMetricFamily(
+            "sluice_node_routes",
+            "Routes to other nodes' pod ranges the route keeper holds (proto 115).",
+            labels=labels,
+        )
+        kept.add_metric(values, self.keeper.kept)
+        yield kept
+        problems = GaugeMetricFamily(
+            "sluice_node_route_problems",
+            "Ranges or tunnel parts the route keeper could not set up as wanted (logged).",
+            labels=labels,
+        )
+        problems.add_metric(values, self.keeper.problems)
+        yield problems
