@@ -577,7 +577,8 @@ def test_prefix_mode_routes_each_prefix_another_node_holds(
     nodes: list[SimNode], pods: PodNamespaces, k8s_control_plane: Cluster
 ) -> None:
     """Claims in the API: a block node 1 claims for its pod is routed on node 2 via
-    node 1, and the route goes when the released block's claim is deleted."""
+    node 1 (through the tunnel), and the route goes when the released block's claim
+    is deleted."""
     cluster = k8s_control_plane
     cluster.kubectl("apply", "-f", str(CRD))
     cluster.kubectl("wait", "--for=condition=Established", "-f", str(CRD))
@@ -588,7 +589,7 @@ def test_prefix_mode_routes_each_prefix_another_node_holds(
         node.ipam = prefix_ipam(pool, node.name, warmPrefixes=0, cooldownSeconds=0)
         node.kubeconfig = cluster.kubeconfig  # the claims' writes are granted apart
     for node in (first, second):
-        node.start_agent("native")
+        node.start_agent("vxlan")  # the bridge still drops what is not from a node
     for node in (first, second):  # the node-CIDR routes are no longer wanted
         wait_for_routes(node, {}, "no route while nobody holds a prefix")
     client_ns, server_ns = pods.new(), pods.new()
