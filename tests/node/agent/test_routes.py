@@ -96,8 +96,12 @@ class SimNode:
 
     # -- the node ----------------------------------------------------------------------
 
+    @property
+    def host_end(self) -> str:
+        return f"rtv{TAG}{self.index}"
+
     def create_namespace(self) -> None:
-        host_end = f"rtv{TAG}{self.index}"
+        host_end = self.host_end
         sh("ip", "netns", "add", self.netns)
         sh("ip", "link", "add", host_end, "type", "veth", "peer", "eth0", "netns", self.netns)
         sh("ip", "link", "set", host_end, "master", BRIDGE, "up")
@@ -191,6 +195,9 @@ class SimNode:
 
     def cleanup(self) -> None:
         self.stop_agent()
+        # The host end first: a namespace outlives its name while a closed TCP
+        # connection of the agent's is still finishing, and with it the pair.
+        sh("ip", "link", "del", self.host_end, check=False)
         sh("ip", "netns", "del", self.netns, check=False)  # its veths and routes with it
         shutil.rmtree(self.bpf_dir, ignore_errors=True)
 
