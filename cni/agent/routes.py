@@ -95,6 +95,7 @@ class RouteKeeper:
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._errors: dict[str, str] = {}  # what failed last, so it is logged once
+        self._said_partial = False
         self._thread = threading.Thread(target=self._run, name="route-keeper", daemon=True)
 
     def start(self) -> None:
@@ -105,6 +106,7 @@ class RouteKeeper:
         )
         for informer in self.informers:
             informer.start()
+        self._wake.set()  # a first pass at once: the tunnel, and routes to re-add
         self._thread.start()
 
     def stop(self) -> None:
@@ -169,6 +171,9 @@ class RouteKeeper:
             complete = self.complete
             known = list(self.nodes.values())
             claims = list(self.claims.values()) if self.claims is not None else None
+        if not complete and not self._said_partial:
+            log.info("not every collection is listed yet: routes are added, none removed")
+            self._said_partial = True
         desired = route_plan.desired_routes(
             known, self.node_name, self._own_ranges(), self.tunnel, claims
         )
