@@ -7,7 +7,8 @@ of empty conntrack tables stocked and deletes what no endpoint uses any
 more, off the CNI path); the endpoints recorded before are adopted if their
 veths still exist; the sources sync; only then is every policy recomputed
 and reinstalled; then the socket opens. SIGTERM and SIGINT stop it cleanly:
-the socket closes, the pinned datapath stays.
+the socket closes, the pinned datapath stays, and so do the routes to other
+nodes (cni/agent/routes.py), which the next agent adopts.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import threading
 import time
 from typing import Any
 
-from cni.agent import prefix_claims
+from cni.agent import prefix_claims, routes
 from cni.agent.enforcer import Enforcer
 from cni.agent.handlers import Handlers
 from cni.agent.kube_source import COLLECTIONS, KubernetesSource
@@ -118,6 +119,12 @@ class Agent:
         if self.claims is not None:  # listed before the socket opens (prefix_claims.py)
             self.claims.start()
             self.metrics.registry.register(self.claims.collector())
+        # Routes to the other nodes' pods: kept from the API, apart from the socket (a
+        # pod on this node needs none of them to start).
+        self.routes = routes.for_agent(conf, self.node_name, self.kubeconfig, self.from_api)
+        if self.routes is not None:
+            self.routes.start()
+            self.metrics.registry.register(self.routes.collector())
         by_controller = self.resolver == "controller"
         self.enforcer = Enforcer(
             self.datapath,
@@ -169,6 +176,8 @@ class Agent:
         self.reaper.stop()
         if self.claims is not None:
             self.claims.stop()
+        if self.routes is not None:
+            self.routes.stop()
         self.metrics.close()
         self.state.close()
         self.allocators.close()

@@ -5,6 +5,8 @@ Services and NetworkPolicies are listed and watched, each object trimmed to
 the fields the resolver reads as it arrives. EndpointSlices are not watched:
 connections to a Service are judged after kube-proxy's DNAT, on the backend's
 own address and port (see docs/datapath.md), so the resolver never reads them.
+Nodes are watched apart, by the route keeper (cni/agent/routes.py), which needs
+none of the policy inputs and does not hold up the agent's readiness.
 
 Resolved by the controller (``--resolver controller``): the collections of
 ``shard_source.controller_collections``, for this node only.

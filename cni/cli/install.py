@@ -38,6 +38,7 @@ def build_conflist(
     mtu: int | None,
     chain: tuple[str, ...],
     attach: str = "tc",
+    routing: str = "native",
 ) -> dict[str, Any]:
     plugin: dict[str, Any] = {
         "type": "sluice",
@@ -52,6 +53,7 @@ def build_conflist(
         plugin["mtu"] = mtu
     if cluster_cidr:
         plugin["clusterCIDR"] = cluster_cidr
+    plugin["routing"] = routing
     # Always written: a config without it means "tcx" (the parser's default, safe with
     # any chain), where what install picks by default is "tc" (see default_attach).
     plugin["datapath"] = {"attach": attach}
@@ -157,6 +159,16 @@ def default_attach(chain: tuple[str, ...]) -> str:
     "qdisc a clsact qdisc excludes).",
 )
 @click.option(
+    "--routing",
+    default="native",
+    show_default=True,
+    type=click.Choice(list(netconf.ROUTING_MODES)),
+    help="How pods reach other nodes' pods: native routes via each node's InternalIP "
+    "(the nodes share a network that forwards pod addresses), or vxlan, a tunnel for node "
+    "networks that drop packets whose source is not a node (the pod MTU is 50 bytes "
+    "smaller unless --mtu is given).",
+)
+@click.option(
     "--subnet-from-node",
     default=None,
     metavar="NODE",
@@ -202,6 +214,7 @@ def install(
     agent_socket: str,
     chain: tuple[str, ...],
     attach: str | None,
+    routing: str,
     subnet_from_node: str | None,
     kubeconfig: str | None,
     runtime: str | None,
@@ -257,6 +270,7 @@ def install(
         mtu,
         chain,
         attach,
+        routing,
     )
     path = on_node(os.path.join(conf_dir, conf_name))
     tmp = f"{path}.tmp.{os.getpid()}"
@@ -265,7 +279,15 @@ def install(
         f.write("\n")
     os.replace(tmp, path)
     shown = os.path.join(conf_dir, conf_name)
-    click.echo(f"conflist  {shown} (network {name!r}, subnet {subnet}, policy {policy})")
+    click.echo(
+        f"conflist  {shown} (network {name!r}, subnet {subnet}, policy {policy}, routing {routing})"
+    )
+    if subnet_from_node is not None and cluster_cidr is None and ip_masq:
+        click.echo(
+            f"warning   no --cluster-cidr: clusterCIDR is the node's {subnet}, so pod traffic "
+            "to other nodes' pods is masqueraded (give the cluster's pod range)",
+            err=True,
+        )
 
 
 def node_pod_cidr(node: str, kubeconfig: str | None) -> str:

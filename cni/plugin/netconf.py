@@ -22,6 +22,15 @@ DEFAULT_STATE_DIR = "/var/lib/sluice"
 DEFAULT_BPF_DIR = "/sys/fs/bpf/sluice"
 DEFAULT_AGENT_SOCKET = "/run/sluice/agent.sock"
 POLICY_MODES = ("enforce", "off")
+# How pods reach the pods of other nodes (cni/agent/routes.py): "native", one route per
+# remote node's pod range via its InternalIP; "vxlan", the same ranges through a tunnel,
+# for node networks that drop packets whose source is not a node. Geneve is refused:
+# it adds nothing sluice needs (no options are carried) and some kernels lack it.
+ROUTING_MODES = ("native", "vxlan")
+TUNNEL_MODES = ("geneve",)
+# What a VXLAN packet adds around the pod's: outer IPv4 20, UDP 8, VXLAN 8, inner
+# Ethernet 14 (RFC 7348).
+VXLAN_OVERHEAD = 50
 BUILTIN_IPAM = "sluice-ipam"
 
 
@@ -61,6 +70,13 @@ class NetConf(NamedTuple):
     # Interfaces towards other nodes, where the agent judges service flows to remote
     # backends (None: the interface of the node's default route).
     uplinks: tuple[str, ...] | None = None
+    routing: str = "native"
+
+    @property
+    def encapsulation_overhead(self) -> int:
+        """Bytes the routing mode adds to every packet to another node (the pod MTU
+        leaves room for them when "mtu" is not given)."""
+        return VXLAN_OVERHEAD if self.routing == "vxlan" else 0
 
     @property
     def ipam_type(self) -> str:
@@ -120,7 +136,19 @@ def parse(
         log_file=_path(config["logFile"], "logFile") if config.get("logFile") else None,
         datapath=_datapath(config.get("datapath")),
         uplinks=_uplinks(config.get("uplinks")),
+        routing=_routing(config.get("routing", "native")),
     )
+
+
+def _routing(value: Any) -> str:
+    if value in TUNNEL_MODES:
+        raise CNIError(ERR_UNSUPPORTED_FIELD, f'"routing": {value!r} is not supported: use "vxlan"')
+    if value not in ROUTING_MODES:
+        raise CNIError(
+            ERR_INVALID_CONFIG,
+            f'invalid "routing" {value!r}: expected one of {list(ROUTING_MODES)}',
+        )
+    return str(value)
 
 
 def _datapath(value: Any) -> DatapathSettings:

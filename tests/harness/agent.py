@@ -41,20 +41,31 @@ def k8s_args(namespace: str, name: str) -> str:
 class AgentProcess:
     """``sluicectl agent --conf FILE`` running until stopped."""
 
-    def __init__(self, conflist: Path, log: Path, *extra: str) -> None:
+    def __init__(
+        self, conflist: Path, log: Path, *extra: str, wrapper: tuple[str, ...] = ()
+    ) -> None:
         self.conflist = conflist
         self.log_path = log
         self.extra = extra
+        self.wrapper = wrapper  # e.g. ("nsenter", "--net=/run/netns/N"): a node of its own
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, socket_path: str) -> None:
+    def launch(self) -> None:
+        """Start the process without waiting for it to get ready."""
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
-            [SLUICECTL, "agent", "--conf", str(self.conflist), *self.extra],
+            [*self.wrapper, SLUICECTL, "agent", "--conf", str(self.conflist), *self.extra],
             stdout=log,
             stderr=log,
         )
         log.close()
+
+    def start(self, socket_path: str) -> None:
+        self.launch()
+        self.wait_ready(socket_path)
+
+    def wait_ready(self, socket_path: str) -> None:
+        assert self.proc is not None
         deadline = time.monotonic() + START_TIMEOUT
         while True:
             try:

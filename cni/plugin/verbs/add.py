@@ -87,7 +87,9 @@ def add(
                 f'interface "{attachment.ifname}" already exists in netns "{attachment.netns}"',
             )
         remove_leftover_veth(node, conf, attachment, datapath)
-        mtu = conf.mtu or link.default_route_mtu(node) or wiring.DEFAULT_MTU
+        mtu = conf.mtu or (
+            (link.default_route_mtu(node) or wiring.DEFAULT_MTU) - conf.encapsulation_overhead
+        )
         ensure_datapath(conf, datapath)
         stop()
         pair = wiring.VethPair(attachment.node_veth, attachment.alias, attachment.ifname)

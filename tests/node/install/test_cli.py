@@ -42,6 +42,7 @@ def test_install_writes_launchers_and_a_conflist(tmp_path: Path) -> None:
     assert sluice["ipam"] == {"type": "sluice-ipam", "subnet": "10.244.3.0/24"}
     assert sluice["stateDir"] == str(tmp_path / "state")
     assert sluice["datapath"] == {"attach": "tc"}, "tc filters unless bandwidth is chained"
+    assert sluice["routing"] == "native"
     assert portmap == {"type": "portmap", "capabilities": {"portMappings": True}}
     # Installing again is harmless.
     assert sluicectl("install", "--bin-dir", bin_dir, "--conf-dir", conf_dir).returncode == 0
@@ -61,6 +62,22 @@ def test_install_attaches_with_tcx_when_bandwidth_is_chained(tmp_path: Path) -> 
         *("--chain", "bandwidth", "--attach", "tc"),
     )
     assert refused.returncode != 0 and "bandwidth" in refused.stderr
+
+
+def test_install_writes_the_routing_mode(tmp_path: Path) -> None:
+    conf_dir = tmp_path / "net.d"
+    proc = sluicectl(
+        *("install", "--bin-dir", tmp_path / "bin", "--conf-dir", conf_dir),
+        *("--state-dir", tmp_path / "state", "--routing", "vxlan"),
+    )
+    assert proc.returncode == 0, proc.stderr
+    sluice = json.loads((conf_dir / "10-sluice.conflist").read_text())["plugins"][0]
+    assert sluice["routing"] == "vxlan" and "mtu" not in sluice  # the plugin takes 50 off
+    refused = sluicectl(
+        *("install", "--bin-dir", tmp_path / "bin", "--conf-dir", conf_dir),
+        *("--routing", "geneve"),
+    )
+    assert refused.returncode != 0 and "geneve" in refused.stderr
 
 
 def test_install_rejects_a_bad_subnet(tmp_path: Path) -> None:

@@ -80,3 +80,15 @@ def test_invalid_values_are_named(key: str, value: object, code: int, fragment: 
         conf(**{key: value})
     assert err.value.code == code, err.value.details
     assert fragment in err.value.details
+
+
+def test_routing_modes() -> None:
+    assert conf().routing == "native" and conf().encapsulation_overhead == 0
+    tunnel = conf(routing="vxlan")
+    assert tunnel.routing == "vxlan" and tunnel.encapsulation_overhead == 50
+    with pytest.raises(CNIError) as refused:
+        conf(routing="bgp")
+    assert refused.value.code == 7 and "'bgp'" in refused.value.details
+    with pytest.raises(CNIError) as unsupported:
+        conf(routing="geneve")
+    assert unsupported.value.code == 2

@@ -1,0 +1,112 @@
+"""What the route keeper must change: the routes (and tunnel peers) the cluster asks
+for, against what the kernel holds. Pure: no kernel, no API.
+
+The rule that keeps a restart or a broken watch from cutting pods off: nothing
+is removed unless the view of the cluster is ``complete`` (every watched
+collection listed in full at least once). Until then only additions and changes
+are made; a route of a node that is not (yet) known stays.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable, Mapping
+from typing import NamedTuple
+
+from cni.kube.nodes import NodeAddressing
+from cni.net.peer_routes import PeerRoute
+
+Network = ipaddress.IPv4Network
+Address = ipaddress.IPv4Address
+
+
+class Claimed(NamedTuple):
+    """A prefix a node holds (prefix mode)."""
+
+    prefix: Network
+    node: str
+
+
+class Desired(NamedTuple):
+    routes: dict[Network, PeerRoute]
+    # Ranges left out, with why (another node routes them already, or they overlap
+    # this node's own): reported, never routed.
+    skipped: dict[Network, str]
+
+
+def desired_routes(
+    nodes: Iterable[NodeAddressing],
+    own_node: str,
+    own_ranges: Iterable[Network],
+    tunnel: bool,
+    claims: Iterable[Claimed] | None = None,
+) -> Desired:
+    """One route per remote pod range via its node's InternalIP: the nodes' podCIDRs,
+    or with ``claims`` (prefix mode) each prefix another node holds."""
+    by_name = {n.name: n for n in nodes}
+    ranges: list[tuple[Network, str]]
+    if claims is None:
+        ranges = [(cidr, n.name) for n in by_name.values() for cidr in n.pod_cidrs]
+    else:
+        ranges = [(c.prefix, c.node) for c in claims]
+    own = list(own_ranges)
+    routes: dict[Network, PeerRoute] = {}
+    owners: dict[Network, str] = {}
+    skipped: dict[Network, str] = {}
+    for dst, name in sorted(ranges, key=lambda r: (r[0], r[1])):
+        node = by_name.get(name)
+        if name == own_node or node is None or node.internal_ip is None:
+            continue  # this node's own, or a node without an address (yet)
+        if any(dst.overlaps(o) for o in own):
+            skipped[dst] = f"node {name}'s {dst} overlaps this node's own pod range"
+            continue
+        clash = next((d for d in routes if d.overlaps(dst)), None)
+        if clash is not None:
+            skipped[dst] = f"node {name}'s {dst} overlaps {clash} of node {owners[clash]}"
+            continue
+        routes[dst] = PeerRoute(dst, node.internal_ip, tunnel)
+        owners[dst] = name
+    return Desired(routes, skipped)
+
+
+class RoutePlan(NamedTuple):
+    write: tuple[PeerRoute, ...]  # absent, or different in the kernel
+    remove: tuple[Network, ...]  # ours, and no longer wanted
+    blocked: tuple[Network, ...]  # wanted, but a route of somebody else's is there
+
+
+def plan(
+    desired: Mapping[Network, PeerRoute],
+    present: Mapping[Network, PeerRoute],
+    foreign: Iterable[Network],
+    complete: bool,
+) -> RoutePlan:
+    foreign = set(foreign)
+    write, blocked = [], []
+    for dst, route in sorted(desired.items()):
+        if dst in foreign and dst not in present:
+            blocked.append(dst)
+        elif present.get(dst) != route:
+            write.append(route)
+    remove = sorted(dst for dst in present if dst not in desired) if complete else []
+    return RoutePlan(tuple(write), tuple(remove), tuple(blocked))
+
+
+class PeerPlan(NamedTuple):
+    write: tuple[Address, ...]
+    remove: tuple[Address, ...]
+
+
+def plan_peers(
+    routes: Mapping[Network, PeerRoute],
+    whole: Iterable[Address],
+    partial: Iterable[Address],
+    complete: bool,
+) -> PeerPlan:
+    """Tunnel peers: one per gateway of a tunnel route. ``whole``: peers with both
+    their neighbour and FDB entries; ``partial``: peers with either. A MAC is never
+    compared: it follows from the address."""
+    wanted = {r.gateway for r in routes.values() if r.tunnel}
+    write = sorted(wanted - set(whole))
+    remove = sorted(set(partial) - wanted) if complete else []
+    return PeerPlan(tuple(write), tuple(remove))

@@ -1,0 +1,294 @@
+"""The route keeper: routes to the pods of the other nodes, kept from the API.
+
+With the API (``--kubeconfig``, or in a pod), the agent lists and watches Nodes
+(each cut to its name, IPv4 podCIDRs and InternalIP, cni/kube/nodes.py) and, in
+prefix mode with the claims in the API, the pool's PrefixClaims. It keeps one
+route per remote pod range (a node's podCIDR, or each prefix another node holds)
+via that node's InternalIP, marked with its own protocol number
+(cni/net/peer_routes.py) so that it finds its own after a restart and never
+touches anybody else's. With ``"routing": "vxlan"`` the routes go through the
+tunnel device, each node a static peer (cni/net/vxlan.py).
+
+Additions and changes are made as soon as they are seen. Removals wait until
+every watched collection has been listed in full (cni/agent/route_plan.py): a
+restarted agent keeps the routes it finds until the list of Nodes is in, and a
+Node's deletion removes its routes from then on. Everything is checked again
+every ``RESYNC_SECONDS``, which also repairs a route somebody deleted.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import threading
+from typing import Any
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+from pyroute2 import IPRoute
+
+from cni.agent import route_plan
+from cni.agent.prefix_claims import uses_api_claims
+from cni.kube import nodes, prefixclaims
+from cni.kube.api import Api
+from cni.kube.informer import Informer
+from cni.kube.nodes import NodeAddressing
+from cni.net import peer_routes, vxlan
+from cni.net.peer_routes import PeerRouteError
+from cni.net.vxlan import TunnelError
+from cni.plugin.netconf import NetConf
+from ipam.config import NodeCIDRConfig, PrefixConfig
+
+log = logging.getLogger("sluice.routes")
+
+RESYNC_SECONDS = 30.0
+DEFAULT_UPLINK_MTU = 1500
+
+
+def for_agent(
+    conf: NetConf, node_name: str, kubeconfig: str | None, from_api: bool
+) -> RouteKeeper | None:
+    """The network's route keeper when the agent reads the API, else None (a single
+    host has no other nodes)."""
+    if not from_api:
+        return None
+    return RouteKeeper(conf, node_name, Api(kubeconfig))
+
+
+def _parse_claim(obj: dict[str, Any]) -> route_plan.Claimed | None:
+    try:
+        claim = prefixclaims.parse(obj)
+    except prefixclaims.ClaimFormatError as err:
+        log.warning("ignoring a PrefixClaim: %s", err)
+        return None
+    return route_plan.Claimed(claim.block, claim.node)
+
+
+class RouteKeeper:
+    def __init__(self, conf: NetConf, node_name: str, api: Api) -> None:
+        self.conf = conf
+        self.node_name = node_name
+        self.api = api
+        self.tunnel = conf.routing == "vxlan"
+        self.nodes: dict[str, NodeAddressing] = {}
+        # prefix mode with the claims in the API: prefix -> holder; else None
+        self.claims: dict[ipaddress.IPv4Network, route_plan.Claimed] | None = None
+        self.informers = [Informer(api, "nodes", nodes.PATH, nodes.parse_node, self)]
+        if uses_api_claims(conf.ipam):
+            assert isinstance(conf.ipam, PrefixConfig)
+            self.claims = {}
+            selector = f"{prefixclaims.POOL_LABEL}={prefixclaims.label_of(conf.ipam.pool)}"
+            self.informers.append(
+                Informer(
+                    api,
+                    "prefixclaims",
+                    prefixclaims.PATH,
+                    _parse_claim,
+                    self,
+                    {"labelSelector": selector},
+                )
+            )
+        self.reconciled = threading.Event()  # set after each pass that had the full view
+        self.passes = 0
+        self.kept = 0  # routes the last pass left in place
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._errors: dict[str, str] = {}  # what failed last, so it is logged once
+        self._said_partial = False
+        self._thread = threading.Thread(target=self._run, name="route-keeper", daemon=True)
+
+    def start(self) -> None:
+        log.info(
+            "keeping routes to the other nodes' pods (%s) for node %s",
+            self.conf.routing,
+            self.node_name,
+        )
+        for informer in self.informers:
+            informer.start()
+        self._wake.set()  # a first pass at once: the tunnel, and routes to re-add
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._wake.set()
+        for informer in self.informers:
+            informer.stop()
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
+        self.api.close()
+
+    @property
+    def complete(self) -> bool:
+        return all(i.synced.is_set() for i in self.informers)
+
+    # -- the informers' sink ------------------------------------------------------------
+
+    def replace(self, kind: str, objects: list[Any]) -> None:
+        with self._lock:
+            if kind == "nodes":
+                self.nodes = {n.name: n for n in objects}
+            elif self.claims is not None:
+                self.claims = {c.prefix: c for c in objects}
+        self._wake.set()
+
+    def change(self, kind: str, event: str, obj: Any) -> None:
+        with self._lock:
+            table: dict[Any, Any] = self.nodes
+            if kind != "nodes":
+                if self.claims is None:
+                    return
+                table = self.claims
+            key = obj.name if kind == "nodes" else obj.prefix
+            if event == "DELETED":
+                changed = table.pop(key, None) is not None
+            else:
+                changed = table.get(key) != obj
+                table[key] = obj
+        if changed:  # a Node's heartbeat changes nothing here
+            self._wake.set()
+
+    # -- reconciling ---------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            self._wake.wait(RESYNC_SECONDS)
+            self._wake.clear()
+            if self._stopping.is_set():
+                return
+            try:
+                self.reconcile()
+            except Exception:  # a bug: the next pass tries again
+                log.exception("reconciling the routes to other nodes failed")
+
+    def _own_ranges(self) -> list[ipaddress.IPv4Network]:
+        ipam = self.conf.ipam
+        return [ipam.address_range] if isinstance(ipam, NodeCIDRConfig) else []
+
+    def reconcile(self) -> route_plan.RoutePlan:
+        """One pass: the routes (and tunnel peers) the view asks for, made so."""
+        with self._lock:
+            complete = self.complete
+            known = list(self.nodes.values())
+            claims = list(self.claims.values()) if self.claims is not None else None
+        if not complete and not self._said_partial:
+            log.info("not every collection is listed yet: routes are added, none removed")
+            self._said_partial = True
+        desired = route_plan.desired_routes(
+            known, self.node_name, self._own_ranges(), self.tunnel, claims
+        )
+        for dst, why in desired.skipped.items():
+            self._report(f"skip {dst}", f"no route to {dst}: {why}")
+        cluster = self.conf.cluster_cidr
+        if self.conf.ip_masq and cluster is not None:
+            for dst in desired.routes:
+                if not dst.subnet_of(cluster):
+                    self._report(
+                        f"masq {dst}",
+                        f"pod traffic to {dst} is masqueraded: it is outside clusterCIDR "
+                        f"{cluster} (set clusterCIDR to the cluster's pod range)",
+                    )
+        with IPRoute() as ipr:
+            own = next((n for n in known if n.name == self.node_name), None)
+            tunnel_index = self._tunnel(ipr, own)
+            present = peer_routes.kept_routes(ipr, tunnel_index)
+            foreign = peer_routes.foreign_destinations(ipr)
+            routes = desired.routes
+            if self.tunnel and tunnel_index is None:
+                routes = {}  # nothing can go through a tunnel that is not there yet
+                complete = False  # and nothing is taken away because of it
+            steps = route_plan.plan(routes, present, foreign, complete)
+            if tunnel_index is not None:
+                whole, partial = vxlan.peers(ipr, tunnel_index)
+                peers = route_plan.plan_peers(routes, whole, partial, complete)
+                for node_ip in peers.write:
+                    self._try(f"peer {node_ip}", vxlan.write_peer, ipr, tunnel_index, node_ip)
+            for route in steps.write:
+                if self._try(f"route {route.dst}", peer_routes.write, ipr, route, tunnel_index):
+                    log.info("route to %s via %s%s", route.dst, route.gateway, self._how)
+            for dst in steps.remove:
+                if self._try(f"route {dst}", peer_routes.remove, ipr, dst):
+                    log.info("removed the route to %s (%s)", dst, present[dst].gateway)
+            if tunnel_index is not None:
+                for node_ip in peers.remove:
+                    self._try(f"peer {node_ip}", vxlan.remove_peer, ipr, tunnel_index, node_ip)
+            for dst in steps.blocked:
+                self._report(
+                    f"blocked {dst}",
+                    f"not routing {dst}: a route of another protocol to it is there",
+                )
+        self.passes += 1
+        self.kept = len(routes) - len(steps.blocked)
+        if complete:
+            self.reconciled.set()
+        return steps
+
+    @property
+    def _how(self) -> str:
+        return f" through {vxlan.DEVICE}" if self.tunnel else ""
+
+    def _tunnel(self, ipr: IPRoute, own: NodeAddressing | None) -> int | None:
+        """The tunnel device's index once this node's address is known (vxlan), else
+        None, the device removed if an earlier configuration left one (native)."""
+        if not self.tunnel:
+            if vxlan.remove_device(ipr):
+                log.info("removed %s: routing is %s", vxlan.DEVICE, self.conf.routing)
+            return None
+        if own is None or own.internal_ip is None:
+            self._report("tunnel", f"no tunnel yet: node {self.node_name} has no InternalIP")
+            return None
+        mtu = (vxlan.uplink_mtu(ipr, own.internal_ip) or DEFAULT_UPLINK_MTU) - (
+            self.conf.encapsulation_overhead
+        )
+        try:
+            tunnel = vxlan.ensure(ipr, own.internal_ip, mtu)
+        except TunnelError as err:
+            self._report("tunnel", str(err))
+            return None
+        self._errors.pop("tunnel", None)
+        return tunnel.index
+
+    def _try(self, what: str, operation: Any, *args: Any) -> bool:
+        try:
+            operation(*args)
+        except (PeerRouteError, TunnelError) as err:
+            self._report(what, str(err))
+            return False
+        self._errors.pop(what, None)
+        return True
+
+    @property
+    def problems(self) -> int:
+        """What failed or was left out at the last attempt, and is not fixed yet."""
+        return len(self._errors)
+
+    def collector(self) -> Collector:
+        return _RouteMetrics(self)
+
+    def _report(self, what: str, message: str) -> None:
+        if self._errors.get(what) != message:
+            log.warning("%s", message)
+            self._errors[what] = message
+
+
+class _RouteMetrics(Collector):
+    def __init__(self, keeper: RouteKeeper) -> None:
+        self.keeper = keeper
+
+    def collect(self) -> Any:
+        labels = ["network", "routing"]
+        values = [self.keeper.conf.network, self.keeper.conf.routing]
+        kept = GaugeMetricFamily(
+            "sluice_node_routes",
+            "Routes to other nodes' pod ranges the route keeper holds (proto 115).",
+            labels=labels,
+        )
+        kept.add_metric(values, self.keeper.kept)
+        yield kept
+        problems = GaugeMetricFamily(
+            "sluice_node_route_problems",
+            "Ranges or tunnel parts the route keeper could not set up as wanted (logged).",
+            labels=labels,
+        )
+        problems.add_metric(values, self.keeper.problems)
+        yield problems

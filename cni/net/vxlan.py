@@ -1,0 +1,172 @@
+"""The VXLAN tunnel of ``"routing": "vxlan"`` (pyroute2; the agent's path only).
+
+One device per node, ``DEVICE``, VNI ``VNI`` on UDP port 4789 (IANA's), without
+learning: every remote node is a static peer, written from its Node object:
+
+- a permanent neighbour entry: its InternalIP (the on-link gateway of the routes
+  to its pods) is at ``vtep_mac(InternalIP)``;
+- a permanent FDB entry: that MAC is behind the node's InternalIP.
+
+The MAC is derived from the address (``02:73`` and the four bytes), so every node
+computes every other node's without writing anything to the API. The device's
+own MAC is ``vtep_mac`` of this node's InternalIP, so what the others send it is
+delivered to the node's stack and routed to the pod.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from typing import Any, NamedTuple
+
+from pyroute2 import IPRoute
+from pyroute2.netlink.exceptions import NetlinkError
+
+DEVICE = "sluice.vx"
+VNI = 7346
+PORT = 4789
+NUD_PERMANENT = 0x80
+NTF_SELF = 0x02
+ENOENT, ESRCH = 2, 3
+
+
+class TunnelError(Exception):
+    """The kernel refused a part of the tunnel; the message names it."""
+
+
+class Tunnel(NamedTuple):
+    index: int
+    local: ipaddress.IPv4Address
+    mtu: int
+
+
+def vtep_mac(address: ipaddress.IPv4Address) -> str:
+    """A locally administered unicast MAC that names the node's address."""
+    return ":".join(f"{b:02x}" for b in (0x02, 0x73, *address.packed))
+
+
+def _link_index(ipr: IPRoute, name: str) -> int | None:
+    found = ipr.link_lookup(ifname=name)
+    return found[0] if found else None
+
+
+def device_index(ipr: IPRoute) -> int | None:
+    return _link_index(ipr, DEVICE)
+
+
+def uplink_mtu(ipr: IPRoute, local: ipaddress.IPv4Address) -> int | None:
+    """The MTU of the interface that holds the node's address."""
+    for msg in ipr.get_addr(family=socket.AF_INET, address=str(local)):
+        links = ipr.get_links(msg["index"])
+        if links:
+            return int(links[0].get("mtu") or 0) or None
+    return None
+
+
+def _matches(ipr: IPRoute, index: int, local: ipaddress.IPv4Address) -> bool:
+    info = ipr.get_links(index)[0].get("IFLA_LINKINFO")
+    if info is None or info.get("IFLA_INFO_KIND") != "vxlan":
+        return False
+    data = info.get("IFLA_INFO_DATA")
+    return (
+        data.get("IFLA_VXLAN_ID") == VNI
+        and data.get("IFLA_VXLAN_LOCAL") == str(local)
+        and data.get("IFLA_VXLAN_PORT") == PORT
+        and not data.get("IFLA_VXLAN_LEARNING")
+    )
+
+
+def ensure(ipr: IPRoute, local: ipaddress.IPv4Address, mtu: int) -> Tunnel:
+    """The device as this node needs it: created, or recreated when its VNI, port or
+    local address differ (the node's address changed); MTU and MAC set; up."""
+    mac = vtep_mac(local)
+    try:
+        index = device_index(ipr)
+        if index is not None and not _matches(ipr, index, local):
+            ipr.link("del", index=index)
+            index = None
+        if index is None:
+            ipr.link(
+                "add",
+                ifname=DEVICE,
+                kind="vxlan",
+                vxlan_id=VNI,
+                vxlan_local=str(local),
+                vxlan_port=PORT,
+                vxlan_learning=0,
+                address=mac,
+                mtu=mtu,
+            )
+            index = device_index(ipr)
+            assert index is not None
+        ipr.link("set", index=index, address=mac, mtu=mtu, state="up")
+    except NetlinkError as err:
+        raise TunnelError(f"failed to set up {DEVICE} (local {local}, MTU {mtu}): {err}") from None
+    return Tunnel(index, local, mtu)
+
+
+def remove_device(ipr: IPRoute) -> bool:
+    """Delete the device (routing is no longer vxlan); whether there was one."""
+    index = device_index(ipr)
+    if index is None:
+        return False
+    try:
+        ipr.link("del", index=index)
+    except NetlinkError as err:
+        if err.code != 19:  # ENODEV
+            raise TunnelError(f"failed to remove {DEVICE}: {err}") from None
+    return True
+
+
+def peers(
+    ipr: IPRoute, index: int
+) -> tuple[set[ipaddress.IPv4Address], set[ipaddress.IPv4Address]]:
+    """Node addresses on the device: (with both a permanent neighbour and an FDB
+    entry, with either)."""
+    neighbours = {
+        ipaddress.IPv4Address(msg.get("dst"))
+        for msg in ipr.get_neighbours(family=socket.AF_INET, ifindex=index)
+        if msg["state"] & NUD_PERMANENT and msg.get("dst")
+    }
+    fdb = {ipaddress.IPv4Address(msg.get("dst")) for msg in _fdb(ipr, index)}
+    return neighbours & fdb, neighbours | fdb
+
+
+def _fdb(ipr: IPRoute, index: int) -> list[Any]:
+    return [
+        msg
+        for msg in ipr.get_neighbours(family=socket.AF_BRIDGE, ifindex=index)
+        if msg["ifindex"] == index and msg.get("dst") and msg["state"] & NUD_PERMANENT
+    ]
+
+
+def write_peer(ipr: IPRoute, index: int, node: ipaddress.IPv4Address) -> None:
+    mac = vtep_mac(node)
+    try:
+        ipr.neigh("replace", ifindex=index, dst=str(node), lladdr=mac, state=NUD_PERMANENT)
+        ipr.fdb(
+            "replace", ifindex=index, lladdr=mac, dst=str(node), state=NUD_PERMANENT, flags=NTF_SELF
+        )
+    except NetlinkError as err:
+        raise TunnelError(f"failed to write the tunnel peer {node} ({mac}): {err}") from None
+
+
+def remove_peer(ipr: IPRoute, index: int, node: ipaddress.IPv4Address) -> None:
+    """Its neighbour and FDB entries; absent ones are fine."""
+    for msg in _fdb(ipr, index):
+        if msg.get("dst") == str(node):
+            _absent_ok(
+                lambda m=msg: ipr.fdb(
+                    "del", ifindex=index, lladdr=m.get("lladdr"), dst=str(node), flags=NTF_SELF
+                ),
+                node,
+            )
+    _absent_ok(lambda: ipr.neigh("del", ifindex=index, dst=str(node)), node)
+
+
+def _absent_ok(operation: Any, node: ipaddress.IPv4Address) -> None:
+    try:
+        operation()
+    except NetlinkError as err:
+        if err.code not in (ENOENT, ESRCH):
+            raise TunnelError(f"failed to remove the tunnel peer {node}: {err}") from None
