@@ -121,7 +121,9 @@ class Agent:
             self.metrics.registry.register(self.claims.collector())
         # Routes to the other nodes' pods: kept from the API, apart from the socket (a
         # pod on this node needs none of them to start).
-        self.routes = routes.for_agent(conf, self.node_name, self.kubeconfig, self.from_api)
+        self.routes = routes.for_agent(
+            conf, self.node_name, self.kubeconfig, self.from_api, self._judge_uplink
+        )
         if self.routes is not None:
             self.routes.start()
             self.metrics.registry.register(self.routes.collector())
@@ -197,6 +199,13 @@ class Agent:
                     log.info("judging service flows leaving through %s", name)
                 except CNIError as err:
                     log.warning("no uplink program on %s: %s", name, err.details)
+
+    def _judge_uplink(self, name: str) -> None:
+        """Attach the uplink program to ``name`` (the route keeper's tunnel); raises
+        CNIError when it cannot."""
+        with node_socket() as node:
+            endpoint.attach_uplink(self.datapath, node, name)
+        log.info("judging service flows leaving through %s", name)
 
     def _finish_cut_off_pairs(self) -> None:
         """DELs that answered but whose release an earlier agent never finished: their

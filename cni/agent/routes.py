@@ -21,6 +21,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily
@@ -37,6 +38,7 @@ from cni.net import peer_routes, vxlan
 from cni.net.peer_routes import PeerRouteError
 from cni.net.vxlan import TunnelError
 from cni.plugin.netconf import NetConf
+from cni.spec.errors import CNIError
 from ipam.config import NodeCIDRConfig, PrefixConfig
 
 log = logging.getLogger("sluice.routes")
@@ -46,13 +48,19 @@ DEFAULT_UPLINK_MTU = 1500
 
 
 def for_agent(
-    conf: NetConf, node_name: str, kubeconfig: str | None, from_api: bool
+    conf: NetConf,
+    node_name: str,
+    kubeconfig: str | None,
+    from_api: bool,
+    judge_uplink: Callable[[str], None],
 ) -> RouteKeeper | None:
     """The network's route keeper when the agent reads the API, else None (a single
-    host has no other nodes)."""
+    host has no other nodes). ``judge_uplink(name)`` attaches the program that judges
+    service flows leaving through an interface; the tunnel gets it before any route
+    goes through it."""
     if not from_api:
         return None
-    return RouteKeeper(conf, node_name, Api(kubeconfig))
+    return RouteKeeper(conf, node_name, Api(kubeconfig), judge_uplink)
 
 
 def _parse_claim(obj: dict[str, Any]) -> route_plan.Claimed | None:
@@ -65,11 +73,19 @@ def _parse_claim(obj: dict[str, Any]) -> route_plan.Claimed | None:
 
 
 class RouteKeeper:
-    def __init__(self, conf: NetConf, node_name: str, api: Api) -> None:
+    def __init__(
+        self,
+        conf: NetConf,
+        node_name: str,
+        api: Api,
+        judge_uplink: Callable[[str], None] | None = None,
+    ) -> None:
         self.conf = conf
         self.node_name = node_name
         self.api = api
         self.tunnel = conf.routing == "vxlan"
+        self.judge_uplink = judge_uplink
+        self._judged_tunnel: int | None = None  # the tunnel's ifindex once judged
         self.nodes: dict[str, NodeAddressing] = {}
         # prefix mode with the claims in the API: prefix -> holder; else None
         self.claims: dict[ipaddress.IPv4Network, route_plan.Claimed] | None = None
@@ -245,6 +261,17 @@ class RouteKeeper:
         except TunnelError as err:
             self._report("tunnel", str(err))
             return None
+        # Egress through a Service to a backend on another node is judged where the
+        # flow leaves the node (after kube-proxy's DNAT): with a tunnel, that is the
+        # tunnel. Until its program is attached, nothing is routed through it, so no
+        # such flow leaves unjudged (fail closed).
+        if self.judge_uplink is not None and self._judged_tunnel != tunnel.index:
+            try:
+                self.judge_uplink(vxlan.DEVICE)
+            except CNIError as err:
+                self._report("tunnel", f"no routes through {vxlan.DEVICE}: {err.details}")
+                return None
+            self._judged_tunnel = tunnel.index
         self._errors.pop("tunnel", None)
         return tunnel.index
 

@@ -292,10 +292,15 @@ def release_links(datapath: Datapath, ifindex: int) -> None:
 def attach_uplink(datapath: Datapath, ipr: Rtnl, name: str) -> int:
     """Judge service flows leaving the node through ``name`` (an Ethernet device);
     return its ifindex. Idempotent."""
-    ifindex = socket.if_nametoindex(name)
-    with open(f"/sys/class/net/{name}/type") as f:
-        if int(f.read()) != ARPHRD_ETHER:
-            raise CNIError(ERR_KERNEL, f'uplink "{name}" is not an Ethernet device')
+    # Asked over rtnetlink, not sysfs: a process that entered a network namespace
+    # without remounting /sys still sees the host's /sys/class/net.
+    try:
+        found = ipr.get_link(name)
+    except NetlinkError as err:
+        raise CNIError(ERR_KERNEL, f'no uplink "{name}": {err}') from None
+    ifindex = found["index"]
+    if found["ifi_type"] != ARPHRD_ETHER:
+        raise CNIError(ERR_KERNEL, f'uplink "{name}" is not an Ethernet device')
     try:
         with datapath.lock:
             attach_programs(datapath, ipr, ifindex, name, UPLINK_HOOKS)

@@ -480,6 +480,11 @@ def test_a_filtering_node_network_needs_the_tunnel(
         tunnel = json.loads(node.run("ip", "-j", "-d", "link", "show", vxlan.DEVICE).stdout)[0]
         assert tunnel["address"] == vxlan.vtep_mac(ipaddress.IPv4Address(node.address))
         assert tunnel["mtu"] == 1450
+        # Service flows to backends on other nodes leave through the tunnel: its uplink
+        # program judges them, attached before the first route went through it.
+        pinned = os.path.exists(f"{node.bpf_dir}/links/{tunnel['ifindex']}_uplink")  # tcx
+        filters = node.run("tc", "filter", "show", "dev", vxlan.DEVICE, "egress", check=False)
+        assert pinned or " bpf " in filters.stdout, f"{node.name}: no uplink program on the tunnel"
     client_ns, server_ns = pods.new(), pods.new()
     client_ip = nodes[0].add_pod(client_ns, "client-vxlan")
     server_ip = nodes[1].add_pod(server_ns, "server-vxlan")
