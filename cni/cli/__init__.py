@@ -11,6 +11,7 @@ from cni.cli.install import install
 from cni.cli.ipam import ipam
 from cni.cli.objects import apply, delete, explain, get
 from cni.cli.status import status
+from cni.cli.uninstall import uninstall
 from cni.plugin import release
 
 
@@ -24,6 +25,7 @@ def cli() -> None:
 for command in (agent, controller, apply, delete, get, explain, datapath):
     cli.add_command(command)
 cli.add_command(install)
+cli.add_command(uninstall)
 cli.add_command(ipam)
 cli.add_command(status)
 
