@@ -108,10 +108,12 @@ FLOW = (
     "(while true; do printf 'GET /echo?msg=alive HTTP/1.1\\r\\nHost: s\\r\\n\\r\\n';"
     " sleep 0.2; done) | nc {server} 8080 > /tmp/flow; echo CUT >> /tmp/flow; sleep 3600"
 )
-# A new connection every 0.2 s to each target; a line per one that connected.
+# A new connection every 0.2 s to each target (agnhost connect, as the Netpol e2e
+# probes do; busybox's nc has no -z); a line per one that connected.
 PROBE = (
-    "while true; do nc -z -w 1 {allowed} 8080 && echo allowed;"
-    " nc -z -w 1 {denied} 8080 && echo DENIED-PASSED; sleep 0.2; done > /tmp/probe"
+    "while true; do /agnhost connect {allowed}:8080 --timeout=1s && echo allowed;"
+    " /agnhost connect {denied}:8080 --timeout=1s && echo DENIED-PASSED; sleep 0.2;"
+    " done > /tmp/probe 2>/dev/null"
 )
 
 
