@@ -217,6 +217,14 @@ def test_a_rolling_update_and_back_keeps_flows_addresses_and_denials(
             )
             probed = in_pod(cluster, namespace, "probe", "cat /tmp/probe")
             assert "DENIED-PASSED" not in probed, "a denied connection passed during the update"
+            allowed = probed.count("allowed")
+            eventually(  # the probe still runs, and what is allowed still connects
+                lambda allowed=allowed: (
+                    in_pod(cluster, namespace, "probe", "cat /tmp/probe").count("allowed") > allowed
+                ),
+                "the probe's allowed connections after the update",
+                timeout=60,
+            )
             assert {n: pod_ip(cluster, namespace, n) for n in addresses} == addresses
     finally:
         cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
