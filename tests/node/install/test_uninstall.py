@@ -19,6 +19,7 @@ from tests.harness.cni_run import (
     TEST_NETWORK_PREFIX,
     Network,
     PodNamespaces,
+    preload_datapath,
     sluice_networks,
     sluicectl,
 )
@@ -39,6 +40,7 @@ def installed(tmp_path: Path) -> Iterator[tuple[Network, Path, Path]]:
     shutil.copy("/usr/lib/cni/loopback", bin_dir / "loopback")
     network = Network(name=name, subnet=subnet, state_dir=state, bin_dir=bin_dir)
     try:
+        preload_datapath(conf_dir / "10-sluice.conflist")
         yield network, conf_dir / "10-sluice.conflist", bpf_dir
     finally:
         network.cleanup()

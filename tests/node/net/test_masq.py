@@ -4,16 +4,26 @@ it never loses an element a concurrent ADD put in."""
 from __future__ import annotations
 
 import ipaddress
+import json
 import threading
 import uuid
+from pathlib import Path
 
 from cni.net import masq
-from tests.harness.cni_run import Network, PodNamespaces, sluice_networks
+from tests.harness.cni_run import Network, PodNamespaces, preload_datapath, sluice_networks
 
 CLUSTER = ipaddress.IPv4Network("10.0.0.0/8")
 
 
-def test_the_last_pods_del_drops_the_table(network: Network, pods: PodNamespaces) -> None:
+def test_the_last_pods_del_drops_the_table(
+    network: Network, pods: PodNamespaces, tmp_path: Path
+) -> None:
+    conflist = tmp_path / "net.conflist"
+    plugin = {k: v for k, v in network.config().items() if k not in ("name", "cniVersion")}
+    conflist.write_text(
+        json.dumps({"cniVersion": "1.1.0", "name": network.name, "plugins": [plugin]})
+    )
+    preload_datapath(conflist)
     ns_a, ns_b = pods.new(), pods.new()
     network.add(ns_a, "a")
     network.add(ns_b, "b")
