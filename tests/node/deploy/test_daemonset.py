@@ -24,7 +24,7 @@ import pytest
 
 from tests.harness import daemonset, dockerd, kind
 from tests.harness.daemonset import DeployedCluster
-from tests.harness.e2e import NETPOL_SKIP, run_netpol
+from tests.harness.e2e import NETPOL_SKIP, run_e2e
 from tests.harness.waiting import eventually
 
 pytestmark = [pytest.mark.kind, pytest.mark.docker, pytest.mark.slow]
@@ -83,7 +83,14 @@ def test_the_netpol_e2e_subset_passes(deployed: tuple[DeployedCluster, dict[str,
         + "|".join(re.escape(spec) for spec in E2E_SUBSET)
         + ")"
     )
-    tally = run_netpol(cluster, focus=focus, skip=rf"{NETPOL_SKIP}|using UDP|using SCTP")  # type: ignore[arg-type]
+    # kind runs the ServiceAccount controller: the suite waits for each namespace's
+    # "default" account (the last flag wins), which a loaded machine creates late.
+    tally = run_e2e(
+        cluster,  # type: ignore[arg-type]
+        focus=focus,
+        skip=rf"{NETPOL_SKIP}|using UDP|using SCTP",
+        extra_args=["--e2e-verify-service-account=true"],
+    )
     assert not tally.failed and len(tally.passed) == len(E2E_SUBSET), tally.summary()
 
 
@@ -158,6 +165,13 @@ def test_a_rolling_update_and_back_keeps_flows_addresses_and_denials(
     namespace = f"roll-{uuid.uuid4().hex[:6]}"
     cluster.kubectl("create", "namespace", namespace)
     try:
+        eventually(  # pods are refused until the namespace's default ServiceAccount exists
+            lambda: cluster.kubectl(
+                "get", "serviceaccount", "default", "-n", namespace, check=False
+            ),
+            "the namespace's default ServiceAccount",
+            timeout=120,
+        )
         apply(
             cluster,
             pod("server", namespace, {"app": "server"}, SERVER),
