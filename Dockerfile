@@ -4,7 +4,7 @@
 # mounted at run time (/lib/modules and /usr/src), never baked in.
 #
 #   make image                  # offline: a Debian base made here with debootstrap,
-#                               # version and tag from pyproject.toml, plus an OCI tar
+#                               # version and tag from cni/plugin/release.py, plus an OCI tar
 #   docker build --build-arg VERSION=0.1.0 -t sluice:0.1.0 .   # with Docker Hub's Debian
 #
 # Classic builder syntax only (DOCKER_BUILDKIT=0 works): no --mount, no heredocs.
@@ -47,7 +47,7 @@ COPY bpf /src/bpf
 # runtime copy look for them. The build fails if the installed version is not
 # the one the image is labelled with.
 ARG VERSION
-RUN test -n "$VERSION" || { echo "build with --build-arg VERSION=<pyproject's version>" >&2; exit 1; } \
+RUN test -n "$VERSION" || { echo "build with --build-arg VERSION=<cni/plugin/release.py's VERSION>" >&2; exit 1; } \
  && pip install --no-cache-dir --disable-pip-version-check --no-deps --no-build-isolation /src \
  && site="$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
  && cp -r /src/bpf "$site/bpf" \

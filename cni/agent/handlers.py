@@ -22,7 +22,7 @@ from cni.agent.local_store import LocalStore
 from cni.agent.retire import Retirer
 from cni.agent.state import EndpointRecord
 from cni.datapath.maps import Datapath
-from cni.plugin import ipam_client, netconf, wire
+from cni.plugin import ipam_client, netconf, release, wire
 from cni.plugin.netconf import NetConf
 from cni.plugin.verbs import add, check, delete, gc, status
 from cni.spec.call import execute
@@ -96,6 +96,10 @@ class Handlers:
         return rc, out, ""
 
     def _verb(self, request: Request) -> dict[str, Any] | None:
+        if request.command in ("ADD", "CHECK", "STATUS"):  # DEL and GC must always run
+            mismatch = release.caller_mismatch(request.env.get(release.CALLER_KEY))
+            if mismatch is not None:
+                raise CNIError(ERR_TRY_AGAIN, mismatch)
         conf = netconf.from_request(request)
         if conf.network != self.conf.network:
             raise CNIError(

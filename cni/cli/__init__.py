@@ -11,11 +11,13 @@ from cni.cli.install import install
 from cni.cli.ipam import ipam
 from cni.cli.objects import apply, delete, explain, get
 from cni.cli.status import status
+from cni.cli.uninstall import uninstall
+from cni.plugin import release
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-# The installed distribution's version: pyproject.toml's, the one the image is tagged with.
-@click.version_option(package_name="sluice", prog_name="sluicectl", message="%(prog)s %(version)s")
+# The release (cni/plugin/release.py): the package's version, the image's tag and label.
+@click.version_option(release.VERSION, prog_name="sluicectl", message="%(prog)s %(version)s")
 def cli() -> None:
     """Operate sluice, a Kubernetes CNI plugin, on this node."""
 
@@ -23,6 +25,7 @@ def cli() -> None:
 for command in (agent, controller, apply, delete, get, explain, datapath):
     cli.add_command(command)
 cli.add_command(install)
+cli.add_command(uninstall)
 cli.add_command(ipam)
 cli.add_command(status)
 

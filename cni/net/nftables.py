@@ -22,17 +22,24 @@ class _Library:
         lib.nft_run_cmd_from_buffer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
         lib.nft_ctx_get_error_buffer.restype = ctypes.c_char_p
         lib.nft_ctx_get_error_buffer.argtypes = [ctypes.c_void_p]
+        lib.nft_ctx_get_output_buffer.restype = ctypes.c_char_p
+        lib.nft_ctx_get_output_buffer.argtypes = [ctypes.c_void_p]
         self.lib = lib
         self.ctx = lib.nft_ctx_new(0)
         lib.nft_ctx_buffer_output(self.ctx)
         lib.nft_ctx_buffer_error(self.ctx)
         self.lock = threading.Lock()  # one context, used by one thread at a time
 
-    def run(self, script: str) -> tuple[int, str]:
+    def run(self, script: str) -> tuple[int, str, str]:
         with self.lock:
             rc = self.lib.nft_run_cmd_from_buffer(self.ctx, script.encode())
+            output = self.lib.nft_ctx_get_output_buffer(self.ctx) or b""
             error = self.lib.nft_ctx_get_error_buffer(self.ctx) or b""
-        return (0 if rc == 0 else 1), error.decode(errors="replace").strip()
+        return (
+            (0 if rc == 0 else 1),
+            output.decode(errors="replace"),
+            error.decode(errors="replace").strip(),
+        )
 
 
 _library: _Library | None = None
@@ -73,6 +80,13 @@ def available() -> bool:
 
 def run(script: str) -> tuple[int, str]:
     """(0 or 1, the error text); FileNotFoundError when neither way exists."""
+    rc, _, error = query(script)
+    return rc, error
+
+
+def query(script: str) -> tuple[int, str, str]:
+    """(0 or 1, what nft printed, the error text); FileNotFoundError when neither way
+    exists."""
     library = _load()
     if library is not None:
         return library.run(script)
@@ -84,4 +98,4 @@ def run(script: str) -> tuple[int, str]:
     proc = subprocess.run(
         [nft, "-f", "-"], input=script, capture_output=True, text=True, check=False
     )
-    return proc.returncode, proc.stderr.strip()
+    return proc.returncode, proc.stdout, proc.stderr.strip()

@@ -179,8 +179,15 @@ def answer_version(stdin: bytes) -> int:
     from cni.spec import versions
 
     echoed = versions.echoed_version(peek_version(stdin))
+    from cni.plugin.release import VERSION as RELEASE
+
     supported = ", ".join(f'"{v}"' for v in versions.SUPPORTED)
-    sys.stdout.write(f'{{"cniVersion": "{echoed}", "supportedVersions": [{supported}]}}\n')
+    # sluiceVersion: the release, beside the spec's fields (runtimes ignore a key they
+    # do not know), so that what a node runs can be asked of the plugin itself.
+    sys.stdout.write(
+        f'{{"cniVersion": "{echoed}", "supportedVersions": [{supported}], '
+        f'"sluiceVersion": "{RELEASE}"}}\n'
+    )
     return 0
 
 

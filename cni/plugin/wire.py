@@ -17,6 +17,8 @@ Standard library only; the CNI part only built-in modules.
 
 import _struct
 
+from cni.plugin import release
+
 VERSION = 1
 MAX_REQUEST = 1 << 20  # 1 MiB: a CNI config with a large prevResult fits easily
 MAX_ANSWER = 64 << 20  # listings of many endpoints and policies
@@ -64,13 +66,20 @@ def _exactly(sock: "Socket", count: int) -> bytes:
 # -- CNI calls ---------------------------------------------------------------------------
 
 
-def call_frame(env: "Mapping[str, str] | Mapping[bytes, bytes]", stdin: bytes) -> bytes:
+def call_frame(
+    env: "Mapping[str, str] | Mapping[bytes, bytes]",
+    stdin: bytes,
+    caller_release: str = release.VERSION,
+) -> bytes:
     """The frame of a CNI call. ``env`` may be the process's own environment as bytes
-    (``posix.environ``): the executable sends it without decoding it."""
+    (``posix.environ``): the executable sends it without decoding it. The sender's
+    release goes last (the last of a repeated key wins), so the agent can refuse a
+    launcher of another release."""
     entries = b"".join(
         (key + b"=" + value if isinstance(key, bytes) else f"{key}={value}".encode()) + b"\0"  # type: ignore[operator]
         for key, value in env.items()
     )
+    entries += f"{release.CALLER_KEY}={caller_release}".encode() + b"\0"
     return CALL_HEAD.pack(b"C", VERSION, len(entries)) + entries + stdin
 
 

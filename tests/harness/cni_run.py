@@ -35,6 +35,17 @@ def sluicectl(*args: object) -> subprocess.CompletedProcess[str]:
     )
 
 
+def preload_datapath(conflist: Path | str, timeout: float = 900) -> None:
+    """Compile and pin the conflist's datapath before a test's first ADD, which would
+    otherwise compile it within the plugin call's deadline (a minute and more on a
+    loaded machine)."""
+    proc = subprocess.run(
+        [SLUICECTL, "datapath", "load", "--conf", str(conflist)],
+        capture_output=True, text=True, timeout=timeout, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+
+
 def exec_plugin(
     binary: Path | str,
     command: str,

@@ -312,13 +312,14 @@ def check_cluster(client: docker.DockerClient, cluster: str, nodes: int) -> dict
 
 
 def deploy_sluice(cluster: str, timeout: float = 600.0) -> bool:
-    """Hook for sluice's own manifests: apply conf/sluice.yaml and wait for every node
+    """Hook for sluice's own manifests: apply conf/ and wait for every node
     to turn Ready (the DaemonSet's init container writes the conflist). Returns False,
     leaving the nodes NotReady, while the repository has no conf/sluice.yaml."""
     if not SLUICE_MANIFEST.is_file():
         log(f"{SLUICE_MANIFEST.relative_to(REPO_ROOT)} does not exist yet: nodes stay NotReady")
         return False
-    kubectl(cluster, "apply", "--server-side", "-f", str(SLUICE_MANIFEST), timeout=timeout)
+    # conf/kustomization.yaml: the CRDs and the RBAC first, then conf/sluice.yaml.
+    kubectl(cluster, "apply", "--server-side", "-k", str(SLUICE_MANIFEST.parent), timeout=timeout)
     kubectl(cluster, "wait", "--for=condition=Ready", "node", "--all",
             f"--timeout={int(timeout)}s", timeout=timeout + 30)  # fmt: skip
     return True

@@ -1,6 +1,7 @@
 """Build the sluice image from the repository's ``Dockerfile``, and write it as an OCI tar.
 
-The version comes from one place, ``pyproject.toml``: it is the image's tag
+The version comes from one place, ``cni/plugin/release.py`` (pyproject.toml reads it
+from there): it is the image's tag
 (``localhost/sluice:<version>``), its ``org.opencontainers.image.version`` label,
 the ``VERSION`` build argument, and what ``sluicectl --version`` prints inside
 (the build fails otherwise). The base is the Debian 12 image made here
@@ -16,13 +17,13 @@ import json
 import sys
 import tempfile
 import time
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 import docker
 import docker.errors
 
+from cni.plugin import release
 from tests.harness import debian_base, oci_layout
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -43,8 +44,7 @@ def local_ca_certs() -> str:
 
 
 def version() -> str:
-    with (REPO_ROOT / "pyproject.toml").open("rb") as f:
-        return tomllib.load(f)["project"]["version"]
+    return release.VERSION
 
 
 def image_name(ver: str | None = None) -> str:

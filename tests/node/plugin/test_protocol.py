@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from cni.plugin import release
 from cni.spec.errors import CNIError
 from cni.spec.invoke import Invocation
 from cni.spec.protocol import parse_cni_args
@@ -27,7 +28,11 @@ def test_version_answers_with_standard_library_only(bin_dir: Path) -> None:
         ifname="dummy",
         cni_path="dummy",
     ).ok()
-    assert run.out == {"cniVersion": "0.4.0", "supportedVersions": list(SUPPORTED)}
+    assert run.out == {
+        "cniVersion": "0.4.0",
+        "supportedVersions": list(SUPPORTED),
+        "sluiceVersion": release.VERSION,
+    }
     assert run.stderr == ""
 
 

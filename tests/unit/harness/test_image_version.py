@@ -1,4 +1,4 @@
-"""One version: pyproject's, as sluicectl --version prints it and the image is tagged."""
+"""One version: cni/plugin/release.py's; sluicectl --version prints it, the image has it."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from cni.cli import cli
 from tests.harness import sluice_image
 
 
-def test_sluicectl_version_is_pyprojects() -> None:
+def test_sluicectl_version_is_the_releases() -> None:
     result = CliRunner().invoke(cli, ["--version"])
     assert result.exit_code == 0
     assert result.output.strip() == f"sluicectl {sluice_image.version()}"
