@@ -64,16 +64,16 @@ class Metrics:
     def observe(self, step: str, seconds: float) -> None:
         self.policy.labels(step).observe(seconds)
 
-    def serve(self, address: str) -> None:
-        from prometheus_client import start_http_server
+    def serve(self, address: str, readiness: Callable[[], tuple[bool, str]]) -> None:
+        """/metrics, /healthz and /readyz on ``address`` (cni/agent/metrics_http.py)."""
+        from cni.agent import metrics_http
 
-        host, _, port = address.rpartition(":")
-        self._server, _ = start_http_server(int(port), host or "127.0.0.1", self.registry)
-        log.info("metrics on http://%s/metrics", address)
+        self._server = metrics_http.serve(address, self.registry, readiness)
+        log.info("metrics on http://%s/metrics (and /healthz, /readyz)", address)
 
     def close(self) -> None:
         if self._server is not None:
-            self._server.shutdown()
+            self._server.close()
 
 
 class _Scraped(Collector):

@@ -47,7 +47,9 @@ class AgentProcess:
         self.extra = extra
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, socket_path: str) -> None:
+    def start(self, socket_path: str, wait_ready: bool = True) -> None:
+        """Start and wait until the agent answers ready (or, without ``wait_ready``,
+        until it answers at all)."""
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
             [SLUICECTL, "agent", "--conf", str(self.conflist), *self.extra],
@@ -58,7 +60,8 @@ class AgentProcess:
         deadline = time.monotonic() + START_TIMEOUT
         while True:
             try:
-                if call(socket_path, {"v": 1, "op": "status"}, timeout=5).get("ready"):
+                answer = call(socket_path, {"v": 1, "op": "status"}, timeout=5)
+                if answer.get("ready") or not wait_ready:
                     return
             except AgentUnavailable:
                 pass
