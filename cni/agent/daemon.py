@@ -116,7 +116,7 @@ class Agent:
         self.allocators = ipam_client.KeptAllocators()
         from cni.agent import metrics
 
-        self.metrics = metrics.Metrics(conf, self.datapath)
+        self.metrics = metrics.Metrics(conf, self.datapath, self.allocators)
         self.claims = prefix_claims.for_agent(conf, self.node_name, self.kubeconfig, self.from_api)
         if self.claims is not None:  # listed before the socket opens (prefix_claims.py)
             self.claims.start()

@@ -234,6 +234,8 @@ def test_two_agents_started_at_once_for_one_network_one_serves_the_other_refuses
         serving = procs[1 - refused]
         assert procs[refused].returncode == 1
         assert "already serves" in logs[refused].read_text(), logs[refused].read_text()
+        # It refused before touching anything: no endpoint adopted, no state written.
+        assert "adopted" not in logs[refused].read_text(), logs[refused].read_text()
         eventually(
             lambda: made.ask({"op": "status"}, timeout=5)["ready"],
             "the agent serving",
