@@ -69,6 +69,7 @@ class Scrapers:
         self.url = url
         self.done = 0
         self.failed = 0
+        self.inflight = 0
         self.running = threading.Event()
         self.stopped = threading.Event()
         self.lock = threading.Lock()
@@ -80,14 +81,25 @@ class Scrapers:
         while not self.stopped.is_set():
             if not self.running.wait(0.1):
                 continue
+            with self.lock:
+                self.inflight += 1
             try:
-                urllib.request.urlopen(self.url, timeout=30).read()
+                urllib.request.urlopen(self.url, timeout=60).read()
                 ok = True
             except OSError:
                 ok = False
             with self.lock:
+                self.inflight -= 1
                 self.done += ok
                 self.failed += not ok
+
+    def pause(self) -> None:
+        """Stop asking, and wait until no scrape is in flight."""
+        self.running.clear()
+        deadline = time.monotonic() + 120
+        while self.inflight and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not self.inflight, "scrapes still in flight after 120 s"
 
     def stop(self) -> None:
         self.stopped.set()
@@ -121,8 +133,7 @@ def test_add_latency_does_not_move_under_parallel_scrapes(
         scrapers = Scrapers(f"http://127.0.0.1:{port}/metrics", SCRAPERS)
         try:
             for _ in range(ADDS):
-                scrapers.running.clear()
-                time.sleep(0.5)  # the scrapes in flight end
+                scrapers.pause()
                 quiet.append(timed_add(net, pods, "quiet"))
                 scrapers.running.set()
                 time.sleep(0.5)  # every scraper asks
