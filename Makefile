@@ -119,7 +119,7 @@ KIND_NODES ?= 3
 KIND_CLUSTER ?= sluice
 KIND := $(PY) -m tests.harness.kind
 
-.PHONY: image kind-deps kind-image kind kind-down kind-status kind-test
+.PHONY: image kind-deps kind-image kind kind-e2e kind-down kind-status kind-test
 
 tools: $(TOOLS)/kind
 $(TOOLS)/kind:
@@ -138,8 +138,21 @@ image: setup kind-deps
 kind-image: setup kind-deps k8s-build
 	$(KIND) node-image
 
-kind: kind-image
-	$(KIND) up --name $(KIND_CLUSTER) --nodes $(KIND_NODES)
+# The cluster with sluice deployed from conf/ (tests/harness/daemonset.py): the sluice
+# and agnhost images loaded into every node, every node Ready, sluice and CoreDNS ready.
+kind: kind-image image
+	PATH="$(CURDIR)/$(TOOLS):$$PATH" $(PY) -m tests.harness.daemonset up \
+		--name $(KIND_CLUSTER) --nodes $(KIND_NODES)
+
+# On the cluster of `make kind` (made first when missing): the network-model checks
+# (tests/node/kind), then the whole [sig-network] Netpol e2e suite; KIND_E2E_REPORT
+# keeps its JUnit report and log.
+KIND_E2E_REPORT ?= /var/lib/sluice-kind/$(KIND_CLUSTER)-e2e
+kind-e2e: kind
+	KIND_CLUSTER=$(KIND_CLUSTER) PATH="$(CURDIR)/$(TOOLS):$$PATH" \
+		$(PY) -m pytest -m kind tests/node/kind $(PYTEST_ARGS)
+	PATH="$(CURDIR)/$(TOOLS):$$PATH" $(PY) -m tests.harness.daemonset e2e \
+		--name $(KIND_CLUSTER) --report-dir $(KIND_E2E_REPORT)
 
 kind-down: venv
 	$(KIND) down --name $(KIND_CLUSTER)

@@ -10,8 +10,12 @@ init container wrote one, and CoreDNS then runs on sluice's network (its
 addresses inside the node's podCIDR). ``roll_to(tag)`` rolls the DaemonSet to
 another image tag and waits for the rollout.
 
-    python -m tests.harness.daemonset up [--nodes 1]   # prints the kubeconfig
-    python -m tests.harness.daemonset down
+    python -m tests.harness.daemonset up [--name N] [--nodes 1]   # prints KUBECONFIG=...
+    python -m tests.harness.daemonset e2e [--name N]   # the whole Netpol suite on it
+    python -m tests.harness.daemonset down [--name N]
+
+``make kind`` is ``up --name $(KIND_CLUSTER) --nodes $(KIND_NODES)``; ``make kind-e2e``
+runs ``e2e`` and tests/node/kind on that cluster.
 
 The Docker daemon is ``tests/harness/dockerd.py``'s; the images are those of
 ``make image kind-image`` (built here if missing or out of date).
@@ -29,7 +33,7 @@ from typing import Any
 
 import docker
 
-from tests.harness import dockerd, kind, kind_image, sluice_image
+from tests.harness import dockerd, e2e, kind, kind_image, sluice_image
 from tests.harness.cache import AGNHOST_IMAGE, K8sCache
 
 CLUSTER = "sluice-ds"
@@ -176,6 +180,22 @@ def down(name: str = CLUSTER) -> list[str]:
     return kind.down(name)
 
 
+def run_netpol(name: str, report_dir: Path | None = None) -> e2e.Tally:
+    """The whole ``[sig-network] Netpol`` suite (SCTP connectivity skipped) on the
+    cluster, as tests/harness/e2e.py runs it on the single-host cluster."""
+    cluster = DeployedCluster(name, kind.kubeconfig_path(name), K8sCache.default())
+    # kind runs the ServiceAccount controller: the suite waits for each namespace's
+    # "default" account, which a loaded machine creates late.
+    return e2e.run_e2e(
+        cluster,  # type: ignore[arg-type]
+        focus=e2e.NETPOL_FOCUS,
+        skip=e2e.NETPOL_SKIP,
+        report_dir=report_dir,
+        extra_args=["--e2e-verify-service-account=true"],
+        echo=True,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.harness.daemonset", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -184,12 +204,26 @@ def main(argv: list[str] | None = None) -> int:
     up_parser.add_argument("--nodes", type=int, default=1)
     down_parser = commands.add_parser("down")
     down_parser.add_argument("--name", default=CLUSTER)
+    e2e_parser = commands.add_parser("e2e", help="the Netpol e2e suite on a running cluster")
+    e2e_parser.add_argument("--name", default=CLUSTER)
+    e2e_parser.add_argument("--report-dir", type=Path, default=None)
     args = parser.parse_args(argv)
     if args.command == "up":
+        started = time.monotonic()
         cluster, seen = up(args.name, args.nodes)
         seen["conflists"] = [bool(c) for c in seen["conflists"]]
         seen["conflist before"] = [bool(c) for c in seen["conflist before"]]
-        print(json.dumps({"kubeconfig": str(cluster.kubeconfig), **seen}, indent=2))
+        seen["up seconds"] = round(time.monotonic() - started)
+        print(json.dumps(seen, indent=2), file=sys.stderr)
+        print(f"KUBECONFIG={cluster.kubeconfig}")
+        daemon = dockerd.running()
+        if daemon is not None and daemon.own:
+            print(f"DOCKER_HOST={daemon.docker_host}")
+        print(f"try: {kind.kubectl_binary()} --kubeconfig {cluster.kubeconfig} get pods -A -o wide")
+    elif args.command == "e2e":
+        tally = run_netpol(args.name, args.report_dir)
+        print(tally.summary())
+        return 1 if tally.failed or tally.exit_code != 0 else 0
     else:
         for line in down(args.name):
             print(line)
