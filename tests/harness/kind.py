@@ -9,15 +9,16 @@
                of the images, ``kind create cluster`` with conf/kind-config.yaml for
                --nodes nodes, the sluice image loaded into every node, the checks
                (every node registered, the static pods and kube-proxy running,
-               bpffs and the kernel headers in every node), then sluice's manifests
-               (``deploy_sluice``); prints KUBECONFIG (and DOCKER_HOST)
+               bpffs and the kernel headers in every node); prints KUBECONFIG (and
+               DOCKER_HOST). Without sluice: ``make kind`` is
+               tests/harness/daemonset.py's ``up``, which deploys conf/ on it
   load         load an OCI image tar into every node of a cluster
   down         delete the cluster, put back the kernel settings its kubelets turned,
                and stop the project's Docker daemon when it started it
   status       the clusters, their nodes and the daemon
 
-Without sluice the nodes stay NotReady (kind runs with disableDefaultCNI):
-that is expected until ``conf/sluice.yaml`` is applied.
+Without sluice the nodes stay NotReady (kind runs with disableDefaultCNI) until
+conf/ is applied.
 """
 
 from __future__ import annotations
@@ -43,7 +44,6 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 KIND_VERSION = "v0.33.0"
 KIND_BIN = REPO_ROOT / ".tools" / "bin" / "kind"
 KIND_CONFIG = REPO_ROOT / "conf" / "kind-config.yaml"
-SLUICE_MANIFEST = REPO_ROOT / "conf" / "sluice.yaml"
 RUN_ROOT = Path(os.environ.get("SLUICE_KIND_RUN_DIR") or "/var/lib/sluice-kind")
 CLUSTER_LABEL = "io.x-k8s.kind.cluster"
 KIND_NETWORK = "kind"
@@ -311,20 +311,6 @@ def check_cluster(client: docker.DockerClient, cluster: str, nodes: int) -> dict
     return {"nodes": node_names, "kube-system": phases}
 
 
-def deploy_sluice(cluster: str, timeout: float = 600.0) -> bool:
-    """Hook for sluice's own manifests: apply conf/ and wait for every node
-    to turn Ready (the DaemonSet's init container writes the conflist). Returns False,
-    leaving the nodes NotReady, while the repository has no conf/sluice.yaml."""
-    if not SLUICE_MANIFEST.is_file():
-        log(f"{SLUICE_MANIFEST.relative_to(REPO_ROOT)} does not exist yet: nodes stay NotReady")
-        return False
-    # conf/kustomization.yaml: the CRDs and the RBAC first, then conf/sluice.yaml.
-    kubectl(cluster, "apply", "--server-side", "-k", str(SLUICE_MANIFEST.parent), timeout=timeout)
-    kubectl(cluster, "wait", "--for=condition=Ready", "node", "--all",
-            f"--timeout={int(timeout)}s", timeout=timeout + 30)  # fmt: skip
-    return True
-
-
 # --- commands -----------------------------------------------------------------------------
 
 
@@ -334,7 +320,7 @@ def build_sluice_image(client: docker.DockerClient) -> tuple[sluice_image.Built,
     return built, tar
 
 
-def up(cluster: str, nodes: int, *, with_sluice: bool = True) -> dict[str, object]:
+def up(cluster: str, nodes: int) -> dict[str, object]:
     daemon = dockerd.ensure()
     client = daemon.client()
     node = kind_image.build(client)
@@ -347,14 +333,12 @@ def up(cluster: str, nodes: int, *, with_sluice: bool = True) -> dict[str, objec
     nodes = len(node_containers(client, cluster))
     load(client, cluster, tar)
     checked = check_cluster(client, cluster, nodes)
-    deployed = deploy_sluice(cluster) if with_sluice else False
     return {
         "cluster": cluster,
         "nodes": checked["nodes"],
         "node image": {"name": node.name, "size": node.size, "rebuilt": node.rebuilt},
         "sluice image": built.name,
         "create seconds": created,
-        "sluice deployed": deployed,
         "kubeconfig": str(kubeconfig_path(cluster)),
         "docker host": daemon.docker_host if daemon.own else None,
     }
@@ -410,9 +394,6 @@ def main(argv: list[str] | None = None) -> int:
             sub.add_argument("--name", default=os.environ.get("KIND_CLUSTER") or "sluice")
         if name == "up":
             sub.add_argument("--nodes", type=int, default=int(os.environ.get("KIND_NODES") or 3))
-            sub.add_argument(
-                "--no-sluice", action="store_true", help="do not apply conf/sluice.yaml"
-            )
         if name == "load":
             sub.add_argument("tar", type=Path, help="an OCI image-layout tar")
     args = parser.parse_args(argv)
@@ -429,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
             how = f"built in {node.seconds:.0f} s" if node.rebuilt else "up to date"
             print(f"{node.name}: {node.size / 1e6:.0f} MB, {how}")
         elif args.command == "up":
-            result = up(args.name, args.nodes, with_sluice=not args.no_sluice)
+            result = up(args.name, args.nodes)
             print(f"KUBECONFIG={result['kubeconfig']}")
             if result["docker host"]:
                 print(f"DOCKER_HOST={result['docker host']}")
