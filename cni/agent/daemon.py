@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -24,9 +25,10 @@ from typing import Any
 from cni.agent import prefix_claims, routes
 from cni.agent.enforcer import Enforcer
 from cni.agent.handlers import Handlers
+from cni.agent.instance_lock import InstanceLock
 from cni.agent.kube_source import COLLECTIONS, KubernetesSource
 from cni.agent.local_store import LocalStore
-from cni.agent.server import AgentServer
+from cni.agent.server import AgentServer, prepare_directory
 from cni.agent.shard_source import controller_collections
 from cni.agent.state import AgentState, EndpointRecord
 from cni.datapath import endpoint, loader
@@ -103,6 +105,7 @@ class Agent:
         started = time.monotonic()
         limit_malloc_arenas()  # before any thread starts (see cni/kube/memory.py)
         conf = self.conf
+        self._hold_instance_locks()  # before anything is touched: one agent per network
         if loader.load(conf.bpf_dir, settings=conf.datapath):
             log.info("compiled and pinned the datapath in %s", conf.bpf_dir)
         # The one handle on the datapath that everything in the agent works with.
@@ -114,7 +117,7 @@ class Agent:
         self.allocators = ipam_client.KeptAllocators()
         from cni.agent import metrics
 
-        self.metrics = metrics.Metrics(conf, self.datapath)
+        self.metrics = metrics.Metrics(conf, self.datapath, self.allocators)
         self.claims = prefix_claims.for_agent(conf, self.node_name, self.kubeconfig, self.from_api)
         if self.claims is not None:  # listed before the socket opens (prefix_claims.py)
             self.claims.start()
@@ -165,8 +168,37 @@ class Agent:
         )
         self._serving.start()
         if self.metrics_address:
-            self.metrics.serve(self.metrics_address)
+            self.metrics.serve(self.metrics_address, self._readiness)
         log.info("agent ready in %.2f s", time.monotonic() - started)
+
+    def _readiness(self) -> tuple[bool, str]:
+        """Ready once every watched kind has synced (then policy is computed and
+        enforced); else what it still waits for."""
+        if self.enforcer.ready:
+            return True, ""
+        waiting = self.api_source.unsynced() if self.api_source else []
+        return False, f"not synced yet: {', '.join(waiting) or 'starting'}"
+
+    def _hold_instance_locks(self) -> None:
+        """The network's and the socket's locks (cni/agent/instance_lock.py); raises
+        AlreadyServed when another agent holds either."""
+        conf = self.conf
+        state = os.path.join(conf.state_dir, "agent")
+        os.makedirs(state, mode=0o700, exist_ok=True)
+        prepare_directory(os.path.dirname(conf.agent_socket))
+        self.locks = []
+        for path, what in (
+            (os.path.join(state, f"{conf.network}.lock"), f"network {conf.network}"),
+            (f"{conf.agent_socket}.lock", f"socket {conf.agent_socket}"),
+        ):
+            lock = InstanceLock(path)
+            try:
+                lock.acquire(what)
+            except BaseException:
+                for held in self.locks:
+                    held.release()
+                raise
+            self.locks.append(lock)
 
     def stop(self) -> None:
         log.info("agent stopping")
@@ -184,6 +216,8 @@ class Agent:
         self.state.close()
         self.allocators.close()
         self.datapath.close()
+        for lock in self.locks:
+            lock.release()
 
     def _attach_uplinks(self) -> None:
         """The program that judges service flows to backends on other nodes, on the

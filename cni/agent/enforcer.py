@@ -11,8 +11,12 @@ selected by no policy: it is not isolated.
 Consistency rules:
 
 - nothing is computed before every source has synced once (``ready``): an
-  ADD waits for it, and the policies the datapath already holds (pinned,
-  from before a restart) stay as they are until then;
+  ADD waits for it, and what the datapath already holds (pinned, from before
+  a restart: policies, the set of Service ClusterIPs) stays as it is until
+  then; no datapath write derived from the sources' objects happens before;
+- a pod the source deletes while its sandbox still runs here (its endpoint
+  is up until the CNI DEL) keeps its last known labels and ports until that
+  DEL: a pod being deleted stays selected by the policies that selected it;
 - a new endpoint's policy is installed before its veth is up (the ADD's
   ``before_up`` hook), so no packet crosses it unjudged;
 - every install is a whole generation switched in one map write
@@ -76,6 +80,8 @@ class Enforcer:
         self.endpoints: dict[EndpointKey, EndpointRecord] = {}
         self.by_pod: dict[PodKey, EndpointKey] = {}
         self.source_pods: dict[PodKey, Pod] = {}
+        # Pods the source deleted whose endpoint is still here: as last known, until DEL.
+        self.departed_pods: dict[PodKey, Pod] = {}
         self.installed: dict[EndpointKey, datapath_policy.EndpointPolicy] = {}
         self.generations: dict[EndpointKey, int] = {}
         self._endpoint_locks: dict[EndpointKey, threading.Lock] = {}
@@ -111,6 +117,7 @@ class Enforcer:
                     self._index_pod(record.pod)
             self._dirty |= set(self.endpoints)
             self._ready.set()
+            self._write_service_ips()
             self._wake.notify()
 
     @property
@@ -139,13 +146,16 @@ class Enforcer:
             affected: set[PodKey] = set()
             for obj in deletes:
                 if isinstance(obj, Pod):
-                    self.source_pods.pop(obj.key, None)
+                    last = self.source_pods.pop(obj.key, None)
+                    if obj.key in self.by_pod:  # its sandbox still runs here: until its DEL
+                        self.departed_pods[obj.key] = last or obj
                     affected |= self._index_pod(obj.key)
                 else:
                     affected |= self.index.delete(obj)
             for obj in upserts:
                 if isinstance(obj, Pod):
                     self.source_pods[obj.key] = obj
+                    self.departed_pods.pop(obj.key, None)
                     affected |= self._index_pod(obj.key)
                 else:
                     affected |= self.index.upsert(obj)
@@ -223,6 +233,7 @@ class Enforcer:
                 return
             if self.by_pod.get(record.pod) == key:
                 del self.by_pod[record.pod]
+                self.departed_pods.pop(record.pod, None)
             self._queue(self._endpoints_of(self._index_pod(record.pod)))
 
     def endpoint_policy(self, key: EndpointKey) -> datapath_policy.EndpointPolicy:
@@ -249,7 +260,7 @@ class Enforcer:
         source = self.source_pods.get(key)
         endpoint = self.endpoints.get(self.by_pod[key]) if key in self.by_pod else None
         if endpoint is not None:
-            base = source or Pod(namespace=key[0], name=key[1])
+            base = source or self.departed_pods.get(key) or Pod(namespace=key[0], name=key[1])
             return self.index.upsert_pod(
                 replace(base, ips=endpoint.ips, node_name=self.node_name, host_network=False)
             )
@@ -268,6 +279,14 @@ class Enforcer:
         if keys:
             self._dirty |= keys
             self._wake.notify()
+        self._write_service_ips()
+
+    def _write_service_ips(self) -> None:
+        """The datapath's set of ClusterIPs, from the index: only once every source has
+        synced (a restarted agent that wrote it from a partial list would empty it, and
+        egress-isolated pods would lose DNS and Services until the Services came)."""
+        if not self._ready.is_set():
+            return
         services = service_ips(self.index)
         if services != self._service_ips:
             self._service_ips = services

@@ -226,11 +226,13 @@ class Handlers:
         ready = self.enforcer.ready
         source = "the Kubernetes API" if self.api_source else "the local manifest store"
         waiting = self.api_source.unsynced() if self.api_source else []
+        refused = dict(self.local_store.refused) if self.local_store else {}
         return {
             "ready": ready,
             "reason": None if ready else f"not synced yet: {', '.join(waiting) or 'starting'}",
             "summary": f"network {self.conf.network}, {len(self.enforcer.endpoints)} endpoints, "
             f"objects from {source}, {'ready' if ready else 'syncing'}",
+            "refusedObjects": refused,  # stored objects that could not be read: why
         }
 
     def apply(self, request: dict[str, Any]) -> dict[str, Any]:

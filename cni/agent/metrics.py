@@ -6,11 +6,20 @@ IPAM's numbers (as ``sluicectl ipam show`` computes them), the datapath's map
 fill, its pool of conntrack tables, its per-direction verdict counters, and
 the RCU grace periods the agent's threads waited for (CNI requests should
 wait for none: the reaper and the enforcer's batches do).
+
+A scrape must cost the CNI path nothing it notices (the agent's threads share
+one interpreter): the output is rendered at most once a second whatever
+the number of scrapers (``metrics_http``); the IPAM's numbers are read through
+an allocator the agent holds open and idle, never by opening the store (when
+none is idle the last numbers stand); conntrack tables are counted a chunk of
+entries per system call, at most once per ``CT_REFRESH`` seconds.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -19,16 +28,20 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from cni.datapath import ctpool, rcu
-from cni.datapath.maps import Datapath
+from cni.datapath.maps import Datapath, TableFill
+from cni.plugin.ipam_client import KeptAllocators
 from cni.plugin.netconf import NetConf
 
 log = logging.getLogger("sluice.agent")
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+CT_REFRESH = 30.0  # seconds between two counts of the conntrack tables
 
 
 class Metrics:
-    def __init__(self, conf: NetConf, datapath: Datapath) -> None:
+    def __init__(
+        self, conf: NetConf, datapath: Datapath, allocators: KeptAllocators | None = None
+    ) -> None:
         self.registry = CollectorRegistry()
         self.cni = Histogram(
             "sluice_cni_duration_seconds",
@@ -44,7 +57,7 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
-        self.registry.register(_Scraped(conf, datapath))
+        self.registry.register(_Scraped(conf, datapath, allocators or KeptAllocators()))
         self.refused = Gauge(
             "sluice_policies_refused",
             "NetworkPolicies the API server accepted that sluice cannot read whole: they "
@@ -64,24 +77,29 @@ class Metrics:
     def observe(self, step: str, seconds: float) -> None:
         self.policy.labels(step).observe(seconds)
 
-    def serve(self, address: str) -> None:
-        from prometheus_client import start_http_server
+    def serve(self, address: str, readiness: Callable[[], tuple[bool, str]]) -> None:
+        """/metrics, /healthz and /readyz on ``address`` (cni/agent/metrics_http.py)."""
+        from cni.agent import metrics_http
 
-        host, _, port = address.rpartition(":")
-        self._server, _ = start_http_server(int(port), host or "127.0.0.1", self.registry)
-        log.info("metrics on http://%s/metrics", address)
+        self._server = metrics_http.serve(address, self.registry, readiness)
+        log.info("metrics on http://%s/metrics (and /healthz, /readyz)", address)
 
     def close(self) -> None:
         if self._server is not None:
-            self._server.shutdown()
+            self._server.close()
 
 
 class _Scraped(Collector):
     """Numbers read at scrape time."""
 
-    def __init__(self, conf: NetConf, datapath: Datapath) -> None:
+    def __init__(self, conf: NetConf, datapath: Datapath, allocators: KeptAllocators) -> None:
         self.conf = conf
         self.datapath = datapath
+        self.allocators = allocators
+        self._ipam_stats: dict[str, Any] | None = None  # the last numbers read
+        self._tables: list[TableFill] = []
+        self._tables_read = -CT_REFRESH  # monotonic time of the last count
+        self._tables_lock = threading.Lock()
 
     def collect(self) -> Iterator[Any]:
         yield from self._ipam()
@@ -93,15 +111,17 @@ class _Scraped(Collector):
         if isinstance(self.conf.ipam, DelegatedIPAM):
             return
         from ipam.errors import IPAMError
-        from ipam.modes import open_allocator
         from ipam.report import network_report
 
         try:
-            with open_allocator(self.conf.ipam) as allocator:
-                stats = network_report(allocator)["stats"]
+            with self.allocators.idle(self.conf.ipam) as allocator:
+                if allocator is not None:
+                    self._ipam_stats = network_report(allocator)["stats"]
         except IPAMError as err:
             log.warning("metrics: cannot read the IPAM store: %s", err)
-            return
+        stats = self._ipam_stats
+        if stats is None:
+            return  # no allocator opened yet (no CNI call since the start)
         network = self.conf.network
         for name, help_text, value in (
             ("allocated", "Addresses allocated.", stats["allocated"]),
@@ -184,13 +204,20 @@ class _Scraped(Collector):
             "Entries an endpoint's full conntrack table evicted.",
             labels=["ifindex"],
         )
-        for ifindex in self.datapath.ct_tables():
-            table = self.datapath.table_fill(ifindex)
-            if table is None:
-                continue
+        for table in self._table_fills():
+            ifindex = table.ifindex
             entries.add_metric([str(ifindex)], table.entries)
             capacity.add_metric([str(ifindex)], table.capacity)
             evicted.add_metric([str(ifindex)], table.evicted)
         yield entries
         yield capacity
         yield evicted
+
+    def _table_fills(self) -> list[TableFill]:
+        """Every endpoint's conntrack table, counted at most once per CT_REFRESH."""
+        with self._tables_lock:
+            if time.monotonic() - self._tables_read >= CT_REFRESH:
+                fills = (self.datapath.table_fill(i) for i in self.datapath.ct_tables())
+                self._tables = [fill for fill in fills if fill is not None]
+                self._tables_read = time.monotonic()
+            return self._tables

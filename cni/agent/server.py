@@ -4,8 +4,12 @@ per connection.
 The socket is created with mode 0600 inside a root-owned directory of mode
 0700, and every connection's peer credentials (SO_PEERCRED) are checked
 before anything is read: only root (or the agent's own user) is served. A
-request is read with a size limit and a deadline; whatever goes wrong with
-one connection is answered (or dropped) without touching the others.
+request is read with a size limit and one deadline for the whole of it (a peer
+trickling a byte at a time gets no more), and before it takes one of the
+slots that bound how many requests run at once, so that connections that
+never finish sending hold no slot a DEL needs. The answer is sent with a
+deadline too. Whatever goes wrong with one connection is answered (or
+dropped) without touching the others.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import contextlib
 import json
 import logging
 import os
+import select
 import socket
 import socketserver
 import stat
@@ -27,7 +32,9 @@ from cni.plugin import wire
 log = logging.getLogger("sluice.agent")
 
 REQUEST_DEADLINE = 10.0  # seconds to send a whole request
+ANSWER_DEADLINE = 10.0  # seconds for the peer to take the whole answer
 MAX_CONCURRENT = 64  # requests served at once; more wait for a slot
+MAX_READING = 512  # connections read at once (one thread each); more are dropped
 UCRED = struct.Struct("3i")  # pid, uid, gid
 
 RequestHandler = Callable[[dict[str, Any]], dict[str, Any]]
@@ -53,25 +60,35 @@ class _Connection(socketserver.BaseRequestHandler):
         if uid not in (0, os.geteuid()):
             log.warning("refused a connection from pid %d uid %d", pid, uid)
             return
-        with self.server.slots:
-            sock.settimeout(REQUEST_DEADLINE)
+        if not self.server.reading.acquire(blocking=False):
+            log.warning("dropped a connection from pid %d: %d being read", pid, MAX_READING)
+            return
+        try:
             try:
-                body = wire.receive_frame(sock, wire.MAX_REQUEST)
+                body = wire.receive_frame(wire.Deadline(sock, REQUEST_DEADLINE), wire.MAX_REQUEST)
                 call = wire.parse_call(body) if wire.is_call(body) else None
                 request = None if call else wire.decode(body)
             except (OSError, wire.WireError) as err:
                 log.warning("bad request from pid %d: %s", pid, err)
+                refusal = {"error": f"bad request: {err}"}
                 with contextlib.suppress(OSError):
-                    wire.send(sock, {"error": f"bad request: {err}"})
+                    wire.send(wire.Deadline(sock, ANSWER_DEADLINE), refusal)
                 return
-            sock.settimeout(None)
+        finally:
+            self.server.reading.release()
+        with self.server.slots:
+            if _caller_gone(sock):  # it gave up waiting (its deadline): run nothing for it
+                log.warning("pid %d gave up before its request ran: not running it", pid)
+                return
             if call is not None:
                 answer = self._run_call(pid, *call)
             else:
                 assert request is not None
                 answer = self._run_request(pid, request)
-            with contextlib.suppress(OSError):
-                wire.send_frame(sock, answer)
+        try:
+            wire.send_frame(wire.Deadline(sock, ANSWER_DEADLINE), answer)
+        except OSError as err:
+            log.warning("the answer to pid %d was not taken: %s", pid, err)
 
     def _run_call(self, pid: int, env: dict[str, str], stdin: bytes) -> bytes:
         try:
@@ -105,8 +122,9 @@ class AgentServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         self.on_request = on_request
         self.on_call = on_call
         self.slots = threading.BoundedSemaphore(MAX_CONCURRENT)
+        self.reading = threading.BoundedSemaphore(MAX_READING)
         self.path = path
-        _prepare_directory(os.path.dirname(path))
+        prepare_directory(os.path.dirname(path))
         _remove_stale(path)
         staging = f"{path}.{os.getpid()}"
         with contextlib.suppress(FileNotFoundError):
@@ -127,7 +145,15 @@ class AgentServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
             os.unlink(self.path)
 
 
-def _prepare_directory(directory: str) -> None:
+def _caller_gone(sock: socket.socket) -> bool:
+    """The peer closed the connection (POLLHUP: both directions; a peer that only
+    shut down its sending side still waits for the answer)."""
+    poller = select.poll()
+    poller.register(sock, select.POLLHUP)
+    return any(events & (select.POLLHUP | select.POLLERR) for _, events in poller.poll(0))
+
+
+def prepare_directory(directory: str) -> None:
     os.makedirs(directory, mode=0o700, exist_ok=True)
     info = os.stat(directory)
     if info.st_uid != os.geteuid():

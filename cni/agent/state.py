@@ -114,13 +114,14 @@ class AgentState:
 
     # -- the local manifest store -------------------------------------------------
 
-    def objects(self) -> list[dict[str, Any]]:
-        """Every stored object as it was applied (kind, metadata, spec, status)."""
+    def objects(self) -> list[tuple[tuple[str, str, str], str]]:
+        """Every stored object as it was applied: ((kind, namespace, name), its JSON
+        text), left undecoded so that one unreadable row costs only itself."""
         with self.lock:
             rows = self.db.execute(
-                "SELECT body FROM objects ORDER BY kind, namespace, name"
+                "SELECT kind, namespace, name, body FROM objects ORDER BY kind, namespace, name"
             ).fetchall()
-        return [json.loads(body) for (body,) in rows]
+        return [((kind, namespace, name), body) for kind, namespace, name, body in rows]
 
     def change_objects(
         self, put: list[tuple[str, str, str, dict[str, Any]]], remove: list[tuple[str, str, str]]

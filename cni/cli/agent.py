@@ -66,4 +66,10 @@ def agent(
         check_agent_config(conf, name, bool(kubeconfig) or in_cluster)
     except ClaimsConfigError as err:
         raise click.UsageError(str(err)) from None
-    Agent(conf, name, metrics_address, kubeconfig, in_cluster, resolver).run()
+    from cni.agent.instance_lock import AlreadyServed
+    from cni.agent.server import ServerError
+
+    try:
+        Agent(conf, name, metrics_address, kubeconfig, in_cluster, resolver).run()
+    except (AlreadyServed, ServerError) as err:
+        raise click.ClickException(str(err)) from None

@@ -123,10 +123,10 @@ def default_attach(chain: tuple[str, ...]) -> str:
 )
 @click.option(
     "--policy",
-    default="off",
+    default="enforce",
     show_default=True,
     type=click.Choice(list(netconf.POLICY_MODES)),
-    help='NetworkPolicy mode; "enforce" needs the node agent.',
+    help='NetworkPolicy mode: "enforce" needs the node agent; "off" enforces nothing.',
 )
 @click.option(
     "--ip-masq/--no-ip-masq",
@@ -240,6 +240,16 @@ def install(
             param_hint="--runtime",
         )
     on_node = lambda path: os.path.join(root, path.lstrip("/"))  # noqa: E731
+    if runtime is not None:
+        _check_runtime_dir(runtime, bin_dir, conf_dir)
+        from pathlib import Path
+
+        from cni.install.runtime import RuntimeCopyError, check_replaceable
+
+        try:
+            check_replaceable(Path(on_node(runtime)))  # before anything is written
+        except RuntimeCopyError as err:
+            raise click.ClickException(str(err)) from None
     os.makedirs(on_node(bin_dir), exist_ok=True)
     os.makedirs(on_node(conf_dir), exist_ok=True)
     texts: dict[str, str | None] = dict.fromkeys(launcher.ENTRY_POINTS)
@@ -287,6 +297,24 @@ def install(
             f"warning   no --cluster-cidr: clusterCIDR is the node's {subnet}, so pod traffic "
             "to other nodes' pods is masqueraded (give the cluster's pod range)",
             err=True,
+        )
+
+
+def _check_runtime_dir(runtime: str, bin_dir: str, conf_dir: str) -> None:
+    """--runtime DIR is replaced whole: never a directory the node keeps other things in."""
+    own = os.path.normpath(runtime)
+    for option, directory in (("--bin-dir", bin_dir), ("--conf-dir", conf_dir)):
+        other = os.path.normpath(directory)
+        if own == other or other.startswith(own + "/"):
+            raise click.BadParameter(
+                f"{runtime!r} is or holds {option} {directory!r}: the runtime needs a "
+                "directory of its own (e.g. /opt/sluice/runtime)",
+                param_hint="--runtime",
+            )
+    if own in ("/", "/opt", "/usr", "/etc", "/var", "/opt/cni", "/opt/cni/bin", "/etc/cni"):
+        raise click.BadParameter(
+            f"{runtime!r} is a system directory: give the runtime a directory of its own",
+            param_hint="--runtime",
         )
 
 

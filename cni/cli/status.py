@@ -65,7 +65,13 @@ def status(conf_path: str, bin_dir: str) -> None:
         f"{'conflist:':13}{conf_path} (network {conflist.network!r}, "
         f"cniVersion {conflist.cni_version})"
     )
-    click.echo(f"{'policy:':13}{conf.policy}")
+    if conf.policy == "off":
+        click.echo(
+            f"{'policy:':13}off: NetworkPolicy is NOT enforced on this network "
+            "(every verdict is allow; install with --policy enforce to enforce it)"
+        )
+    else:
+        click.echo(f"{'policy:':13}{conf.policy}")
     click.echo(f"{'ipam:':13}{_ipam_summary(conf)}")
     try:
         if conf.policy == "enforce":
@@ -93,6 +99,8 @@ def _agent_status(conf: NetConf) -> None:
     except AgentUnavailable:
         raise CNIError(ERR_NOT_AVAILABLE, agent_required(conf)) from None
     click.echo(f"{'agent:':13}{answer.get('summary', '')}")
+    for what, why in sorted((answer.get("refusedObjects") or {}).items()):
+        click.echo(f"{'refused:':13}stored {what}: {why}")
     if not answer.get("ready"):
         raise CNIError(ERR_NOT_AVAILABLE, f"the agent is not ready: {answer.get('reason')}")
 

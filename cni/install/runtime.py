@@ -21,6 +21,11 @@ and the interpreter finds its standard library next to itself (the
 them. The datapath's compiler (bcc and LLVM) is not copied: on such a node the
 agent, or ``sluicectl datapath load``, pins the datapath, and the plugin only
 attaches what is pinned.
+
+Each copy holds a marker file (``MARKER``). A copy replaces only what is sluice's
+own: nothing, an empty directory, or a copy with its marker. Anything else at
+DIR (``/opt/cni/bin`` given by mistake, a directory of someone else's files) is
+refused and left as it is.
 """
 
 from __future__ import annotations
@@ -47,6 +52,9 @@ STDLIB_SKIPPED = {"test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2
 # ldd's lines: "libz.so.1 => /lib/x86_64-linux-gnu/libz.so.1 (0x...)" and the loader's
 # "/lib64/ld-linux-x86-64.so.2 (0x...)".
 LDD_LINE = re.compile(r"^\s*(?:\S+\s+=>\s+)?(/\S+)\s+\(0x[0-9a-f]+\)\s*$")
+
+
+MARKER = ".sluice-runtime"  # in every copy: what a later install may replace
 
 
 class RuntimeCopyError(Exception):
@@ -99,6 +107,7 @@ def copy_runtime(destination: str) -> str:
     new one, never half of either. The copy it replaces is removed. Returns the file
     name of the dynamic loader in ``lib/``, which the launchers exec."""
     final = Path(destination)
+    check_replaceable(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     staging = final.with_name(f".{final.name}.{os.getpid()}.{time.time_ns()}")
     lib = staging / "lib"
@@ -111,15 +120,53 @@ def copy_runtime(destination: str) -> str:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    (staging / MARKER).write_text(f"a Python of sluice's own, copied by {python_dir_name()}\n")
     previous = os.path.realpath(final) if final.is_symlink() else None
     if final.exists() and not final.is_symlink():
-        shutil.rmtree(final)  # not ours to keep: the link takes its place
+        shutil.rmtree(final)  # an empty directory or a copy of ours: the link takes its place
     link = final.with_name(f".{final.name}.link.{os.getpid()}")
     os.symlink(staging.name, link)
     os.replace(link, final)
-    if previous and previous != str(staging):
+    if previous and previous != str(staging) and _is_copy(Path(previous), final):
         shutil.rmtree(previous, ignore_errors=True)
     return loader
+
+
+def check_replaceable(final: Path) -> None:
+    """Raise RuntimeCopyError unless what is at ``final`` is sluice's to replace."""
+    if not os.path.lexists(final):
+        return
+    if final.is_symlink():
+        target = Path(os.path.realpath(final))
+        if target.is_dir() and _is_copy(target, final):
+            return
+        raise RuntimeCopyError(
+            f"{final} is a link to {target}, which is not a runtime copy of sluice's "
+            f"(no {MARKER} in a sibling .{final.name}.* directory): refusing to replace it"
+        )
+    if not final.is_dir():
+        raise RuntimeCopyError(
+            f"{final} is a file, not a runtime directory: refusing to replace it"
+        )
+    if (final / MARKER).is_file():
+        return
+    found = sorted(os.listdir(final))
+    if found:
+        shown = ", ".join(found[:5]) + (", ..." if len(found) > 5 else "")
+        raise RuntimeCopyError(
+            f"{final} holds files that are not sluice's ({shown}; no {MARKER}): "
+            "refusing to delete them; give --runtime a directory of its own"
+        )
+
+
+def _is_copy(directory: Path, final: Path) -> bool:
+    """A copy made by copy_runtime for ``final``: next to it, named after it, marked
+    (or, made before copies had a marker, holding sluice's own package in ``site/``)."""
+    return (
+        directory.parent == Path(os.path.realpath(final.parent))
+        and directory.name.startswith(f".{final.name}.")
+        and ((directory / MARKER).is_file() or (directory / "site" / "cni" / "plugin").is_dir())
+    )
 
 
 def _fill(staging: Path, lib: Path, stdlib: Path, site: Path) -> str:

@@ -15,37 +15,57 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any
 
-CONNECT_TIMEOUT = 10.0  # a busy agent accepts late; a missing one fails at once
+# The whole of a forwarded call (connect, send, answer), by verb. DEL and GC must
+# finish (a runtime retries a failed DEL forever, and the pod's address stays
+# held): past their deadline the executable runs them itself, so that a listening
+# but stuck agent costs a DEL this much and no more. ADD waits in the agent for its
+# sources (up to 30 s, twice) and is never run twice at once: past its deadline an
+# enforcing network's ADD and CHECK fail with code 11, and the runtime tries again.
+CALL_DEADLINES = {b"DEL": 5.0, b"GC": 5.0}
+CALL_DEADLINE = 90.0  # ADD, CHECK, STATUS
+REQUEST_DEADLINE = 120.0  # sluicectl's requests, unless the caller gives one
 
 
 class AgentUnavailable(Exception):
-    """Nobody answers on the socket (no agent, or it died mid-call)."""
+    """Nobody answers on the socket in time (no agent, a stuck one, or it died mid-call)."""
 
 
 def exchange(path: str, body: bytes, timeout: float | None = None) -> bytes:
-    """Send one frame and return the answer's body."""
+    """Send one frame and return the answer's body, all within ``timeout`` seconds."""
+    seconds = REQUEST_DEADLINE if timeout is None else timeout
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
+    bounded = wire.Deadline(sock, seconds)
     try:
-        sock.settimeout(CONNECT_TIMEOUT)
         try:
-            sock.connect(path)
+            bounded.connect(path)
         except OSError as err:
             raise AgentUnavailable(f'no agent on "{path}": {err.strerror or err}') from None
-        sock.settimeout(timeout)
         try:
-            wire.send_frame(sock, body)
-            return wire.receive_frame(sock, wire.MAX_ANSWER)
+            wire.send_frame(bounded, body)
+            return wire.receive_frame(bounded, wire.MAX_ANSWER)
         except (OSError, wire.WireError) as err:
             raise AgentUnavailable(f'the agent on "{path}" did not answer: {err}') from None
     finally:
         sock.close()
 
 
+def call_deadline(env: "Mapping[str, str] | Mapping[bytes, bytes]") -> float:
+    """How long a forwarded call may take, by its CNI_COMMAND."""
+    command = env.get(b"CNI_COMMAND") or env.get("CNI_COMMAND") or b""  # type: ignore[call-overload]
+    if isinstance(command, str):
+        command = command.encode()
+    return CALL_DEADLINES.get(command, CALL_DEADLINE)
+
+
 def forward(
-    path: str, env: "Mapping[str, str] | Mapping[bytes, bytes]", stdin: bytes
+    path: str,
+    env: "Mapping[str, str] | Mapping[bytes, bytes]",
+    stdin: bytes,
+    timeout: float | None = None,
 ) -> tuple[int, str, str]:
     """Run one CNI call in the agent: (exit code, stdout, stderr)."""
-    answer = exchange(path, wire.call_frame(env, stdin))
+    deadline = call_deadline(env) if timeout is None else timeout
+    answer = exchange(path, wire.call_frame(env, stdin), deadline)
     try:
         return wire.parse_answer(answer)
     except wire.WireError:

@@ -72,6 +72,20 @@ class KeptAllocators:
         with self._lock:
             self._idle.setdefault(config, []).append(allocator)
 
+    @contextmanager
+    def idle(self, config: NodeCIDRConfig | PrefixConfig) -> Iterator[Allocator | None]:
+        """An allocator that is open and idle, lent for a moment; None when every one is
+        in use or none was opened yet (a reader that must not open the store, the
+        metrics, then skips its read)."""
+        with self._lock:
+            idle = self._idle.get(config)
+            allocator = idle.pop() if idle else None
+        try:
+            yield allocator
+        finally:
+            if allocator is not None:
+                self.give(config, allocator)
+
     def close(self) -> None:
         with self._lock:
             idle, self._idle = self._idle, {}

@@ -12,10 +12,15 @@ A frame is a 4-byte big-endian length and that many bytes of body:
 - anything else (sluicectl's ``status``, ``apply``, ``delete``, ``get``,
   ``explain``): a UTF-8 JSON object with ``v`` and ``op``, answered by one.
 
+Each side bounds a whole exchange, not each ``recv``: ``Deadline`` wraps a
+socket so that every operation gets only what is left of one budget, and a
+peer that trickles a byte at a time cannot stretch it.
+
 Standard library only; the CNI part only built-in modules.
 """
 
 import _struct
+import time
 
 from cni.plugin import release
 
@@ -39,6 +44,50 @@ if TYPE_CHECKING:
 
 class WireError(Exception):
     """The peer broke the protocol (size, framing, JSON, fields)."""
+
+
+class DeadlineExceeded(OSError):
+    """The exchange's time budget ran out (a slow or stuck peer)."""
+
+
+class Deadline:
+    """A socket whose operations share one budget of ``seconds`` from now."""
+
+    def __init__(self, sock: "Any", seconds: float) -> None:
+        self.sock = sock
+        self.seconds = seconds
+        self.ends = time.monotonic() + seconds
+
+    def left(self) -> float:
+        left = self.ends - time.monotonic()
+        if left <= 0:
+            raise self.expired()
+        self.sock.settimeout(left)
+        return left
+
+    def expired(self) -> DeadlineExceeded:
+        return DeadlineExceeded(f"the exchange's deadline of {self.seconds:g} s passed")
+
+    def connect(self, address: str) -> None:
+        self.left()
+        try:
+            self.sock.connect(address)
+        except TimeoutError:
+            raise self.expired() from None
+
+    def sendall(self, data: bytes) -> None:
+        self.left()  # sendall's timeout bounds the whole send, not each chunk
+        try:
+            self.sock.sendall(data)
+        except TimeoutError:
+            raise self.expired() from None
+
+    def recv(self, size: int) -> bytes:
+        self.left()
+        try:
+            return self.sock.recv(size)
+        except TimeoutError:
+            raise self.expired() from None
 
 
 def send_frame(sock: "Socket", body: bytes) -> None:

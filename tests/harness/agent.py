@@ -60,16 +60,19 @@ class AgentProcess:
         )
         log.close()
 
-    def start(self, socket_path: str) -> None:
+    def start(self, socket_path: str, wait_ready: bool = True) -> None:
+        """Start and wait until the agent answers ready (or, without ``wait_ready``,
+        until it answers at all)."""
         self.launch()
-        self.wait_ready(socket_path)
+        self.wait_ready(socket_path, wait_ready)
 
-    def wait_ready(self, socket_path: str) -> None:
+    def wait_ready(self, socket_path: str, ready: bool = True) -> None:
         assert self.proc is not None
         deadline = time.monotonic() + START_TIMEOUT
         while True:
             try:
-                if call(socket_path, {"v": 1, "op": "status"}, timeout=5).get("ready"):
+                answer = call(socket_path, {"v": 1, "op": "status"}, timeout=5)
+                if answer.get("ready") or not ready:
                     return
             except AgentUnavailable:
                 pass

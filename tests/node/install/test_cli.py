@@ -38,7 +38,7 @@ def test_install_writes_launchers_and_a_conflist(tmp_path: Path) -> None:
     conflist = json.loads((conf_dir / "10-sluice.conflist").read_text())
     assert conflist["name"] == "kind" and conflist["cniVersion"] == "1.0.0"
     sluice, portmap = conflist["plugins"]
-    assert sluice["type"] == "sluice" and sluice["policy"] == "off"
+    assert sluice["type"] == "sluice" and sluice["policy"] == "enforce", "enforce by default"
     assert sluice["ipam"] == {"type": "sluice-ipam", "subnet": "10.244.3.0/24"}
     assert sluice["stateDir"] == str(tmp_path / "state")
     assert sluice["datapath"] == {"attach": "tc"}, "tc filters unless bandwidth is chained"
@@ -120,10 +120,11 @@ def install(tmp_path: Path, *options: object) -> tuple[Path, Path]:
 
 
 def test_status_reports_a_usable_install(tmp_path: Path) -> None:
-    bin_dir, conf = install(tmp_path, "--subnet", "10.244.4.0/24")
+    bin_dir, conf = install(tmp_path, "--subnet", "10.244.4.0/24", "--policy", "off")
     proc = sluicectl("status", "--conf", conf, "--bin-dir", bin_dir)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "status:      ready" in proc.stdout
+    assert "policy:      off: NetworkPolicy is NOT enforced" in proc.stdout
     assert "node-cidr 10.244.4.0/24: 0 allocated, 253 free" in proc.stdout
 
     (bin_dir / "sluice").unlink()
@@ -138,3 +139,48 @@ def test_status_reports_why_an_add_would_fail(tmp_path: Path) -> None:
     bin_dir, conf = install(tmp_path, "--policy", "enforce")
     proc = sluicectl("status", "--conf", conf, "--bin-dir", bin_dir)
     assert proc.returncode == 1 and "code 50" in proc.stdout and "agent" in proc.stdout
+
+
+def test_install_enforces_policy_unless_told_not_to(tmp_path: Path) -> None:
+    """Without --policy the conflist enforces, so an install without its agent is not
+    ready (an ADD would fail with code 11) rather than silently unenforced."""
+    bin_dir, conf = install(tmp_path)
+    assert json.loads(conf.read_text())["plugins"][0]["policy"] == "enforce"
+    proc = sluicectl("status", "--conf", conf, "--bin-dir", bin_dir)
+    assert proc.returncode == 1 and "policy:      enforce" in proc.stdout, proc.stdout
+    assert "NOT enforced" not in proc.stdout
+
+
+def test_install_runtime_refuses_a_directory_that_is_not_its_own(tmp_path: Path) -> None:
+    """--runtime replaces DIR whole: a directory of other files (a CNI bin directory
+    given by mistake), a file, a link elsewhere, or the bin directory itself is
+    refused before anything is written, and left as it was."""
+    plugins = tmp_path / "cni-bin"
+    plugins.mkdir()
+    for name in ("bridge", "host-local", "loopback"):
+        (plugins / name).write_text("#!/bin/sh\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "data").write_text("keep")
+    (tmp_path / "link").symlink_to(elsewhere)
+    (tmp_path / "file").write_text("keep")
+    where = ("install", "--bin-dir", tmp_path / "bin", "--conf-dir", tmp_path / "conf")
+    for runtime, message in (
+        (plugins, "not sluice's (bridge, host-local, loopback"),
+        (tmp_path / "link", "not a runtime copy of sluice's"),
+        (tmp_path / "file", "is a file"),
+        (tmp_path / "bin", "is or holds --bin-dir"),
+        (Path("/opt/cni/bin"), "is a system directory"),
+    ):
+        proc = sluicectl(*where, "--runtime", runtime)
+        assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+    assert sorted(p.name for p in plugins.iterdir()) == ["bridge", "host-local", "loopback"]
+    assert (elsewhere / "data").read_text() == "keep" and (tmp_path / "file").read_text() == "keep"
+    assert not (tmp_path / "conf").exists() and not (tmp_path / "bin").exists()
+    # Its own copy, though, is replaced, and the copy before it removed.
+    own = tmp_path / "opt" / "runtime"
+    for _ in range(2):
+        proc = sluicectl(*where, "--runtime", own)
+        assert proc.returncode == 0, proc.stderr
+    assert (own / ".sluice-runtime").is_file()
+    assert [p.name for p in own.parent.iterdir() if p.name != "runtime"] == [own.resolve().name]
