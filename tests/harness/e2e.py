@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.harness.cluster import Cluster
+from tests.harness.multinode import MultiNodeCluster
 
 NETPOL_FOCUS = r"\[sig-network\] Netpol"
 # The three specs that send SCTP (this kernel has none). The two that only install
@@ -60,7 +61,7 @@ class Tally:
 
 
 def run_e2e(
-    cluster: Cluster,
+    cluster: Cluster | MultiNodeCluster,
     *,
     focus: str,
     skip: str = "",
@@ -123,7 +124,7 @@ def run_e2e(
 
 
 def run_netpol(
-    cluster: Cluster,
+    cluster: Cluster | MultiNodeCluster,
     focus: str = NETPOL_FOCUS,
     skip: str = NETPOL_SKIP,
     report_dir: Path | None = None,
