@@ -678,6 +678,15 @@ class MultiNodeCluster:
             parts.append(f"--- {ctrd.relative_to(self.directory)} ---\n{log_tail(ctrd, lines)}")
         return "\n".join(p for p in parts if p)
 
+    # --- nodes joining ----------------------------------------------------------------
+
+    def add_node(self) -> Node:
+        """One more node (the next index), Ready and with routes to and from it."""
+        index = max((n.index for n in self.state.nodes), default=0) + 1
+        node = self._add_node(index)
+        self._wait_nodes_ready()
+        return node
+
     # --- node removal and down ----------------------------------------------------------
 
     def remove_node(self, index: int, delete_node_object: bool = True) -> None:
