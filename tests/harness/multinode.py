@@ -501,7 +501,7 @@ class MultiNodeCluster:
         if self.cni == "ptp":
             for plugin in ("ptp", "host-local", "portmap", "loopback"):
                 (node.cni_bin_dir / plugin).symlink_to(REFERENCE_PLUGINS / plugin)
-            components.write_json(node.cni_conf_dir / "10-ptp.conflist", self._ptp_conf(node))
+            components.write_json(node.cni_conf_dir / "10-ptp.conflist", self.ptp_conf(node))
         else:
             node.sluice_state_dir.mkdir(parents=True)
             argv = [
@@ -526,7 +526,7 @@ class MultiNodeCluster:
             (node.cni_bin_dir / LOOPBACK_PLUGIN.name).symlink_to(LOOPBACK_PLUGIN)
         node.containerd().wait_cri_ready(PAUSE_IMAGE, timeout=60)
 
-    def _ptp_conf(self, node: Node) -> dict[str, Any]:
+    def ptp_conf(self, node: Node) -> dict[str, Any]:
         return {
             "cniVersion": "1.0.0",
             "name": self.network,
