@@ -43,12 +43,13 @@ ROUND_TIMEOUT = 900.0
 # ip answers (connect or reset), t on CLOCK_MONOTONIC (the same in every namespace).
 PROBER = r"""
 import socket, sys, threading, time
+PORT = int(sys.argv[1])
 lock = threading.Lock()
 def probe(ip):
     while True:
         s = socket.socket(); s.settimeout(0.5)
         try:
-            s.connect((ip, %d)); ok = True
+            s.connect((ip, PORT)); ok = True
         except ConnectionRefusedError:
             ok = True
         except OSError:
@@ -62,7 +63,7 @@ def probe(ip):
         time.sleep(0.05)
 for line in sys.stdin:
     threading.Thread(target=probe, args=(line.strip(),), daemon=True).start()
-""" % CLOSED_PORT
+"""
 
 
 def deployment(replicas: int) -> dict[str, Any]:
@@ -184,8 +185,10 @@ def one_round(cluster: MultiNodeCluster, cni: str, replicas: int) -> dict[str, A
         )  # fmt: skip
     probers = {
         node.name: subprocess.Popen(
-            ["nsenter", f"--net={sandbox_netns(node, f'prober-{node.index}')}", "--",
-             "/usr/bin/python3", "-c", PROBER],  # fmt: skip
+            [
+                *("nsenter", f"--net={sandbox_netns(node, f'prober-{node.index}')}", "--"),
+                *("/usr/bin/python3", "-c", PROBER, str(CLOSED_PORT)),
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -282,9 +285,7 @@ def main() -> None:
             key: statistics.median(r[key] for r in mine)
             for key in ("all_ready_s", "all_reachable_s", "p50_reachable_s")
         }
-    ratios = {
-        key: round(summary["sluice"][key] / summary["ptp"][key], 2) for key in summary["ptp"]
-    }
+    ratios = {key: round(summary["sluice"][key] / summary["ptp"][key], 2) for key in summary["ptp"]}
     print(f"\n{args.replicas} pods on {args.nodes} nodes, median of {args.rounds} rounds each")
     print(f"{'':22}{'sluice':>10}{'ptp':>10}{'ratio':>8}")
     for key in ("all_ready_s", "all_reachable_s", "p50_reachable_s"):
