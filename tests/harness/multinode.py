@@ -496,8 +496,8 @@ class MultiNodeCluster:
         self._save_state()
 
     def _install_cni(self, node: Node) -> None:
-        node.cni_bin_dir.mkdir(parents=True)
-        node.cni_conf_dir.mkdir(parents=True)
+        node.cni_bin_dir.mkdir(parents=True, exist_ok=True)
+        node.cni_conf_dir.mkdir(parents=True, exist_ok=True)  # containerd may have made it
         if self.cni == "ptp":
             for plugin in ("ptp", "host-local", "portmap", "loopback"):
                 (node.cni_bin_dir / plugin).symlink_to(REFERENCE_PLUGINS / plugin)
