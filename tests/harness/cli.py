@@ -33,7 +33,10 @@ def _cluster(args: argparse.Namespace) -> Cluster | MultiNodeCluster:
             name,
             nodes=nodes or 1,
             # Several nodes are for policy across them: the agents enforce, unless told off.
-            install_args=("--policy=enforce", *(getattr(args, "install_arg", None) or ())),
+            install_args=(
+                f"--policy={getattr(args, 'policy', 'enforce')}",
+                *(getattr(args, "install_arg", None) or ()),
+            ),
             resolver=getattr(args, "resolver", "agent"),
             routes=getattr(args, "routes", "static"),
             cni=getattr(args, "cni", "sluice"),
