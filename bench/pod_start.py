@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import selectors
+import queue
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,12 @@ def probe(ip):
 for line in sys.stdin:
     threading.Thread(target=probe, args=(line.strip(),), daemon=True).start()
 """
+
+
+def read_lines(prober: subprocess.Popen[str], into: queue.Queue[str]) -> None:
+    assert prober.stdout is not None
+    for line in prober.stdout:
+        into.put(line)
 
 
 def deployment(replicas: int) -> dict[str, Any]:
@@ -136,8 +143,14 @@ def sandbox_netns(node: Node, pod: str) -> str:
 
 
 def use_cni(cluster: MultiNodeCluster, cni: str) -> None:
-    """Put ``cni``'s conflist in every node's conf dir (the other's waits beside it)."""
+    """Put ``cni``'s conflist in every node's conf dir (the other's waits beside it),
+    once no sandbox is left for the other CNI to tear down."""
     for node in cluster.nodes:
+        deadline = time.monotonic() + 300
+        while node.containerd().crictl("pods", "-q", check=False, timeout=30).stdout.strip():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"sandboxes still on {node.name} after 300 s")
+            time.sleep(1)
         parked = node.directory / "cni" / "parked"
         parked.mkdir(exist_ok=True)
         ptp = parked / "10-ptp.conflist"
@@ -149,11 +162,14 @@ def use_cni(cluster: MultiNodeCluster, cni: str) -> None:
                 if not link.exists():
                     link.symlink_to(Path("/usr/lib/cni") / plugin)
         wanted = "10-sluice.conflist" if cni == "sluice" else "10-ptp.conflist"
+        # containerd 1.6 reloads on a written file (not on one moved in), and must
+        # never see an empty directory: write the wanted one first, then park the rest.
+        if not (node.cni_conf_dir / wanted).exists():
+            (node.cni_conf_dir / wanted).write_text((parked / wanted).read_text())
         for conf in list(node.cni_conf_dir.iterdir()):
             if conf.name != wanted:
-                conf.rename(parked / conf.name)
-        if not (node.cni_conf_dir / wanted).exists():
-            (parked / wanted).rename(node.cni_conf_dir / wanted)
+                (parked / conf.name).write_text(conf.read_text())
+                conf.unlink()
 
         def loaded(node: Node = node) -> bool:
             info = node.containerd().crictl("info", check=False, timeout=10).stdout
@@ -202,10 +218,10 @@ def one_round(cluster: MultiNodeCluster, cni: str, replicas: int) -> dict[str, A
     started = time.monotonic()
     cluster.kubectl("scale", "-n", NAMESPACE, f"deployment/{DEPLOYMENT}", f"--replicas={replicas}")
     try:
-        selector = selectors.DefaultSelector()
+        # One reader thread per prober: select() on a buffered pipe misses lines.
+        answers: queue.Queue[str] = queue.Queue()
         for prober in probers.values():
-            assert prober.stdout is not None
-            selector.register(prober.stdout, selectors.EVENT_READ)
+            threading.Thread(target=read_lines, args=(prober, answers), daemon=True).start()
         while len(ready_at) < replicas or len(reachable_at) < replicas:
             if time.monotonic() - started > ROUND_TIMEOUT:
                 raise TimeoutError(
@@ -226,11 +242,13 @@ def one_round(cluster: MultiNodeCluster, cni: str, replicas: int) -> dict[str, A
                     assert stdin is not None
                     stdin.write(ip + "\n")
                     stdin.flush()
-            for key, _ in selector.select(timeout=0.5):
-                line = key.fileobj.readline()  # type: ignore[union-attr]
-                if line:
-                    ip, at = line.split()
-                    reachable_at.setdefault(ip, float(at) - started)
+            deadline = time.monotonic() + 0.5
+            while (left := deadline - time.monotonic()) > 0:
+                try:
+                    ip, at = answers.get(timeout=left).split()
+                except queue.Empty:
+                    break
+                reachable_at.setdefault(ip, float(at) - started)
     finally:
         for prober in probers.values():
             prober.kill()
