@@ -38,7 +38,7 @@ def _cluster(args: argparse.Namespace) -> Cluster | MultiNodeCluster:
                 *(getattr(args, "install_arg", None) or ()),
             ),
             resolver=getattr(args, "resolver", "agent"),
-            routes=getattr(args, "routes", "static"),
+            routes=getattr(args, "routes", "agent"),
             cni=getattr(args, "cni", "sluice"),
             keep_logs=getattr(args, "keep_logs", None),
         )
@@ -59,9 +59,10 @@ def _add_cluster_options(parser: argparse.ArgumentParser, default_name: str = "d
     parser.add_argument(
         "--routes",
         choices=ROUTES,
-        default="static",
-        help="with --nodes: each node gets the others' podCIDRs via their addresses "
-        "(static), or sluice's agent keeps them (agent) [%(default)s]",
+        default="agent",
+        help="with --nodes: sluice's agent keeps a route per other node's podCIDR "
+        "(agent), or the harness writes them, kindnet's recipe (static, for the "
+        "reference plugins) [%(default)s]",
     )
     parser.add_argument(
         "--resolver",

@@ -267,7 +267,7 @@ class MultiNodeCluster:
         install_args: Sequence[str] = (),
         agent: bool = True,
         resolver: str = "agent",
-        routes: str = "static",
+        routes: str = "agent",
         cni: str = "sluice",
         keep_logs: Path | None = None,
     ) -> None:

@@ -2,8 +2,8 @@
 
 ``k8s_nodes`` (session): cluster ``pytest-m`` on port base 25000 (its own, so it
 needs no lock on the host and runs beside the single-node ``k8s_cluster``), three
-nodes, sluice enforcing policy with an agent on each node. Routes between the
-nodes are static (``NODE_ROUTES``) until sluice's agent keeps them. A state left
+nodes, sluice enforcing policy with an agent on each node. Each agent keeps the
+routes to the other nodes' podCIDRs (``NODE_ROUTES``). A state left
 by a crashed earlier run is torn down first; at the end nothing of a node may be
 left.
 """
@@ -22,7 +22,7 @@ from tests.harness.multinode import MultiNodeCluster
 NODES_NAME = "pytest-m"
 NODES_PORT_BASE = int(os.environ.get("SLUICE_K8S_NODES_PORT_BASE", "25000"))
 NODE_COUNT = 3
-NODE_ROUTES = "static"  # "agent" once the agent keeps one route per remote node
+NODE_ROUTES = "agent"  # sluice's agent keeps one route per remote node
 
 
 @pytest.fixture(scope="session")
