@@ -106,7 +106,7 @@ k8s-build: deps venv
 # Up, Kubernetes' `[sig-network] Netpol` specs (SCTP connectivity skipped), down, tally.
 # E2E_ARGS passes options through, e.g. E2E_ARGS="--focus 'allow-all'".
 e2e: setup k8s-build
-	PATH="$(CURDIR)/$(TOOLS):$$PATH" $(PY) -m tests.harness e2e $(E2E_ARGS)
+	PATH="$(CURDIR)/$(TOOLS):$$PATH" $(PY) -m tests.harness e2e $(if $(NODES),--nodes $(NODES)) $(E2E_ARGS)
 
 # --- The sluice image and kind ------------------------------------------------------
 # The sluice image (Dockerfile) and a kind node image are built offline on a Debian

@@ -66,13 +66,13 @@ class AgentProcess:
         self.launch()
         self.wait_ready(socket_path, wait_ready)
 
-    def wait_ready(self, socket_path: str, wait_ready: bool = True) -> None:
+    def wait_ready(self, socket_path: str, ready: bool = True) -> None:
         assert self.proc is not None
         deadline = time.monotonic() + START_TIMEOUT
         while True:
             try:
                 answer = call(socket_path, {"v": 1, "op": "status"}, timeout=5)
-                if answer.get("ready") or not wait_ready:
+                if answer.get("ready") or not ready:
                     return
             except AgentUnavailable:
                 pass

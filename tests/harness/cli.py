@@ -3,11 +3,14 @@
 build                 build Kubernetes v1.34.4 and the images into the cache
 up [--agent]          start a cluster; prints `export KUBECONFIG=...`
 up --control-plane-only   only etcd, kube-apiserver, kube-controller-manager
-down                  stop it and remove everything (also after a crashed up)
+up --nodes N          N nodes (network namespaces) on one control plane, cluster
+                      "multi" on port base 25000, sluice's agent on each node
+down                  stop it and remove everything (also after a crashed up);
+                      `down --name multi` for the cluster of several nodes
 status                what runs, and the node as kubectl sees it
 e2e                   up (agent on, policy enforced), the NetworkPolicy e2e suite,
                       down; prints the tally (`--policy off`: the suite without sluice's
-                      enforcement, to see which specs need it)
+                      enforcement, to see which specs need it; `--nodes 3`: on 3 nodes)
 """
 
 from __future__ import annotations
@@ -19,11 +22,28 @@ from pathlib import Path
 
 from tests.harness import build, e2e
 from tests.harness.cluster import Cluster, sluice_agent_argv
+from tests.harness.multinode import CNIS, DEFAULT_NAME, RESOLVERS, ROUTES, MultiNodeCluster
 
 
-def _cluster(args: argparse.Namespace) -> Cluster:
+def _cluster(args: argparse.Namespace) -> Cluster | MultiNodeCluster:
+    nodes = getattr(args, "nodes", None)
+    name = args.name or (DEFAULT_NAME if nodes else "dev")
+    if nodes or MultiNodeCluster(name).is_up():
+        return MultiNodeCluster(
+            name,
+            nodes=nodes or 1,
+            # Several nodes are for policy across them: the agents enforce, unless told off.
+            install_args=(
+                f"--policy={getattr(args, 'policy', 'enforce')}",
+                *(getattr(args, "install_arg", None) or ()),
+            ),
+            resolver=getattr(args, "resolver", "agent"),
+            routes=getattr(args, "routes", "agent"),
+            cni=getattr(args, "cni", "sluice"),
+            keep_logs=getattr(args, "keep_logs", None),
+        )
     return Cluster(
-        args.name,
+        name,
         install_args=getattr(args, "install_arg", None) or (),
         agent_argv=sluice_agent_argv if getattr(args, "agent", False) else None,
         keep_logs=getattr(args, "keep_logs", None),
@@ -32,7 +52,26 @@ def _cluster(args: argparse.Namespace) -> Cluster:
 
 
 def _add_cluster_options(parser: argparse.ArgumentParser, default_name: str = "dev") -> None:
-    parser.add_argument("--name", default=default_name, help="cluster name [%(default)s]")
+    parser.add_argument(
+        "--name", help=f'cluster name [{default_name}; with --nodes: "{DEFAULT_NAME}"]'
+    )
+    parser.add_argument("--nodes", type=int, help="this many nodes (network namespaces)")
+    parser.add_argument(
+        "--routes",
+        choices=ROUTES,
+        default="agent",
+        help="with --nodes: sluice's agent keeps a route per other node's podCIDR "
+        "(agent), or the harness writes them, kindnet's recipe (static, for the "
+        "reference plugins) [%(default)s]",
+    )
+    parser.add_argument(
+        "--resolver",
+        choices=RESOLVERS,
+        default="agent",
+        help="with --nodes: the agents resolve policies, or `sluicectl controller` "
+        "does (also started) [%(default)s]",
+    )
+    parser.add_argument("--cni", choices=CNIS, default="sluice", help="with --nodes: [%(default)s]")
     parser.add_argument(
         "--agent",
         action="store_true",
@@ -63,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("build", help="build Kubernetes and the images into the cache")
     _add_cluster_options(commands.add_parser("up", help="start a cluster"))
     down = commands.add_parser("down", help="stop a cluster and remove everything")
-    down.add_argument("--name", default="dev")
+    down.add_argument("--name", default="dev", help="[%(default)s]")
     down.add_argument("--keep-logs", type=Path, help="copy the components' logs here first")
     status = commands.add_parser("status", help="show a cluster")
     status.add_argument("--name", default="dev")
@@ -97,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
                 args.agent = True
                 args.install_arg = [*(args.install_arg or ()), "--policy=enforce"]
             build.build()
+            if args.nodes is None and args.name is None:
+                args.name = "e2e"
             with _cluster(args) as cluster:
                 tally = e2e.run_netpol(
                     cluster, args.focus, args.skip, args.report_dir, echo=not args.quiet

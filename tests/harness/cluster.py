@@ -193,6 +193,7 @@ class Cluster:
         agent_argv: AgentArgv | None = None,
         keep_logs: Path | None = None,
         control_plane_only: bool = False,
+        remote_nodes: bool = False,
     ) -> None:
         if not NAME_RE.match(name):
             raise ClusterError(f"cluster name {name!r}: use 1-20 of [a-z0-9-]")
@@ -205,7 +206,10 @@ class Cluster:
         self.install_args = tuple(install_args)
         self.agent_argv = agent_argv
         self.keep_logs = keep_logs
-        self.control_plane_only = control_plane_only
+        # A control plane for nodes that run elsewhere (tests/harness/multinode.py): also
+        # the scheduler, and the node lifecycle controller that lifts the not-ready taint.
+        self.remote_nodes = remote_nodes
+        self.control_plane_only = control_plane_only or remote_nodes
         self.network = f"k8s-{name}"
         self.bpf_dir = Path("/sys/fs/bpf") / f"sluice-k8s-{name}"
         self.cgroup_root = f"/sluice-k8s-{name}"
@@ -418,10 +422,13 @@ class Cluster:
         self._start(
             "kube-controller-manager",
             components.controller_manager_argv(
-                layout, *(without_kubelets if self.control_plane_only else ())
+                layout,
+                *(without_kubelets if self.control_plane_only and not self.remote_nodes else ()),
             ),
         )
         if self.control_plane_only:
+            if self.remote_nodes:
+                self._start("kube-scheduler", components.scheduler_argv(layout))
             self._wait(
                 lambda: self.kubectl("get", "namespace", "default", check=False).returncode == 0,
                 "namespace default",

@@ -429,6 +429,7 @@ class PrivateContainerd:
         sandbox_image: str,
         start_timeout: float = 20.0,
         base: Path | None = None,
+        netns: str | None = None,
     ) -> None:
         # A caller-chosen ``base`` (named ``sluice-ctrd-*``: its name is also the
         # cgroup parent) lets another process clean up after a crash with ``close``.
@@ -452,6 +453,9 @@ class PrivateContainerd:
         self.cni_conf_dir = cni_conf_dir
         self.sandbox_image = sandbox_image
         self.start_timeout = start_timeout
+        # A named network namespace (``ip netns``) to run the daemon in, as a node of a
+        # multi-node cluster does: its CNI plugins then wire pods into that node.
+        self.netns = netns
         self.snapshotter = "overlayfs"
         self._proc: subprocess.Popen[bytes] | None = None
         self._host_dirs = CreatedDirs()
@@ -489,7 +493,7 @@ class PrivateContainerd:
         self.config_path.write_text(self.config_toml())
         with self.log_path.open("wb") as log:
             self._proc = subprocess.Popen(
-                ["containerd", "--config", str(self.config_path)],
+                [*self.argv_prefix, "containerd", "--config", str(self.config_path)],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -497,6 +501,11 @@ class PrivateContainerd:
                 start_new_session=True,
             )
         self._wait_until_serving()
+
+    @property
+    def argv_prefix(self) -> list[str]:
+        """What runs the daemon in ``netns`` (nsenter execs, so the pid is containerd's)."""
+        return ["nsenter", f"--net=/run/netns/{self.netns}", "--"] if self.netns else []
 
     def config_toml(self) -> str:
         cri = '[plugins."io.containerd.grpc.v1.cri"'

@@ -19,12 +19,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.harness.cluster import Cluster
+from tests.harness.multinode import MultiNodeCluster
 
 NETPOL_FOCUS = r"\[sig-network\] Netpol"
 # The three specs that send SCTP (this kernel has none). The two that only install
 # SCTP policies and probe with TCP ("... even if the plugin doesn't support SCTP") run.
 NETPOL_SKIP = r"\[Feature:SCTPConnectivity\]"
 ALLOW_ALL_SPEC = "should support allow-all policy"
+# A fast subset of the suite (``make test`` runs it; ``make e2e`` runs them all).
+NETPOL_SUBSET = (
+    "should support allow-all policy",
+    "should support a 'default-deny-ingress' policy",
+    "should allow ingress access on one named port",
+    "should enforce policy to allow traffic only from a different namespace, based on "
+    "NamespaceSelector",
+    "should allow egress access to server in CIDR block",
+)
+NETPOL_SUBSET_FOCUS = (
+    r"\[sig-network\] Netpol NetworkPolicy between server and client ("
+    + "|".join(re.escape(spec) for spec in NETPOL_SUBSET)
+    + ")"
+)
+NETPOL_SUBSET_SKIP = rf"{NETPOL_SKIP}|using UDP|using SCTP"
 # Ginkgo stops a suite after 1 h by default. Without enforcement every Netpol spec
 # waits out its probes' retries (about 2 min each), so the whole suite needs more.
 SUITE_TIMEOUT = "4h"
@@ -60,7 +76,7 @@ class Tally:
 
 
 def run_e2e(
-    cluster: Cluster,
+    cluster: Cluster | MultiNodeCluster,
     *,
     focus: str,
     skip: str = "",
@@ -123,7 +139,7 @@ def run_e2e(
 
 
 def run_netpol(
-    cluster: Cluster,
+    cluster: Cluster | MultiNodeCluster,
     focus: str = NETPOL_FOCUS,
     skip: str = NETPOL_SKIP,
     report_dir: Path | None = None,

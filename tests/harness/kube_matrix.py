@@ -144,6 +144,8 @@ class KubeMatrix:
     suffix: str = field(default_factory=lambda: uuid.uuid4().hex[:6])
     namespaces: dict[str, str] = field(default_factory=dict)  # label -> real name
     pods: dict[str, KubePod] = field(default_factory=dict)  # "x/a" -> pod
+    # "x/a" -> the node it must run on (spec.nodeName); the scheduler places the others.
+    placement: dict[str, str] = field(default_factory=dict)
 
     # -- objects ------------------------------------------------------------------------
 
@@ -180,8 +182,12 @@ class KubeMatrix:
             label, name = key.split("/")
             pod = KubePod(self.namespace(label), label, name)
             pods.append(pod)
+        manifests = [pod_manifest(p.namespace, p.name, {"pod": p.name}) for p in pods]
+        for pod, manifest in zip(pods, manifests, strict=True):
+            if pod.key in self.placement:
+                manifest["spec"]["nodeName"] = self.placement[pod.key]
         self.apply(
-            *(pod_manifest(p.namespace, p.name, {"pod": p.name}) for p in pods),
+            *manifests,
             *(service_manifest(p.namespace, p.name) for p in pods),
         )
         for pod in pods:

@@ -25,7 +25,7 @@ import pytest
 
 from tests.harness.cache import AGNHOST_IMAGE
 from tests.harness.cluster import Cluster, ClusterError
-from tests.harness.e2e import NETPOL_SKIP, run_netpol
+from tests.harness.e2e import NETPOL_SUBSET, NETPOL_SUBSET_FOCUS, NETPOL_SUBSET_SKIP, run_netpol
 from tests.harness.waiting import eventually as wait_until
 
 pytest_plugins = ["tests.harness.fixtures"]
@@ -309,25 +309,10 @@ def test_deleting_pods_leaves_no_conntrack_entries(deleted_pods: DeletedPods) ->
     )
 
 
-# Kubernetes' own NetworkPolicy e2e specs, a fast subset (`make e2e` runs them all).
-E2E_SUBSET = (
-    "should support allow-all policy",
-    "should support a 'default-deny-ingress' policy",
-    "should allow ingress access on one named port",
-    "should enforce policy to allow traffic only from a different namespace, based on "
-    "NamespaceSelector",
-    "should allow egress access to server in CIDR block",
-)
-
-
 def test_networkpolicy_e2e_subset(k8s_cluster: Cluster) -> None:
-    focus = (
-        r"\[sig-network\] Netpol NetworkPolicy between server and client ("
-        + "|".join(re.escape(spec) for spec in E2E_SUBSET)
-        + ")"
-    )
-    tally = run_netpol(k8s_cluster, focus=focus, skip=rf"{NETPOL_SKIP}|using UDP|using SCTP")
-    assert not tally.failed and len(tally.passed) == len(E2E_SUBSET), tally.summary()
+    """Kubernetes' own NetworkPolicy e2e specs, a fast subset (`make e2e` runs them all)."""
+    tally = run_netpol(k8s_cluster, focus=NETPOL_SUBSET_FOCUS, skip=NETPOL_SUBSET_SKIP)
+    assert not tally.failed and len(tally.passed) == len(NETPOL_SUBSET), tally.summary()
 
 
 def labelled_netexec_pod(name: str, **labels: str) -> dict[str, Any]:

@@ -11,7 +11,6 @@ published refused and isolates what it selects (counted at the receiving pod).
 from __future__ import annotations
 
 import json
-import re
 import threading
 import time
 import urllib.parse
@@ -28,11 +27,10 @@ from cni.policy.published import objects
 from cni.policy.published.objects import ADDRESS_SET, POLICY_ENDPOINTS
 from tests.harness.cluster import Cluster, sluice_agent_argv
 from tests.harness.controller import ControllerProcess, published
-from tests.harness.e2e import NETPOL_SKIP, run_netpol
+from tests.harness.e2e import NETPOL_SUBSET, NETPOL_SUBSET_FOCUS, NETPOL_SUBSET_SKIP, run_netpol
 from tests.harness.kube_matrix import KubeMatrix
 from tests.harness.waiting import eventually
 from tests.node.agent.test_kubernetes import (
-    E2E_SUBSET,
     NETEXEC_PORT,
     apply,
     http_get,
@@ -189,15 +187,8 @@ def test_restarts_under_live_traffic_let_nothing_denied_through_and_cut_nothing_
 
 
 def test_networkpolicy_e2e_subset_with_the_controller(controller_mode: ControllerMode) -> None:
-    focus = (
-        r"\[sig-network\] Netpol NetworkPolicy between server and client ("
-        + "|".join(re.escape(spec) for spec in E2E_SUBSET)
-        + ")"
-    )
-    tally = run_netpol(
-        controller_mode.cluster, focus=focus, skip=rf"{NETPOL_SKIP}|using UDP|using SCTP"
-    )
-    assert not tally.failed and len(tally.passed) == len(E2E_SUBSET), tally.summary()
+    tally = run_netpol(controller_mode.cluster, focus=NETPOL_SUBSET_FOCUS, skip=NETPOL_SUBSET_SKIP)
+    assert not tally.failed and len(tally.passed) == len(NETPOL_SUBSET), tally.summary()
 
 
 # -- trust and failing closed, with real packets -------------------------------------------
