@@ -7,7 +7,8 @@
 * a node reaches the pods on it (``curl`` inside the node container);
 * ``crictl pods`` on a node lists one ready sandbox per pod on it;
 * a NetworkPolicy denies across nodes while an allowed peer still gets through;
-* a Service's ClusterIP answers from every node.
+* a Service's ClusterIP answers from every node;
+* a pod on a worker resolves a Service name through CoreDNS, itself on sluice.
 
 The cluster is ``KIND_CLUSTER`` (default ``sluice``) when it exists (``make kind-e2e``
 runs this after ``make kind``); otherwise the module makes a 3-node cluster of its
@@ -69,14 +70,17 @@ class Model:
         )
 
     def connects(self, pod: str, ip: str) -> bool:
+        return self.connects_to(pod, f"{ip}:{PORT}")
+
+    def connects_to(self, pod: str, target: str) -> bool:
         """``agnhost connect`` (a TCP connect, as the Netpol e2e probes do)."""
-        proc_out = self.cluster.kubectl(
+        out = self.cluster.kubectl(
             "exec", "-n", self.namespace, pod, "--",
             "/bin/sh", "-c",
-            f"/agnhost connect {ip}:{PORT} --timeout={CONNECT_TIMEOUT} && echo CONNECTED",
+            f"/agnhost connect {target} --timeout={CONNECT_TIMEOUT} && echo CONNECTED",
             check=False, timeout=60,
         )  # fmt: skip
-        return "CONNECTED" in proc_out
+        return "CONNECTED" in out
 
     def ip(self, pod: str) -> str:
         return str(self.pods[pod]["status"]["podIP"])
@@ -288,3 +292,16 @@ def test_a_service_cluster_ip_answers_from_every_node(model: Model) -> None:
         # kube-proxy on each node programs the Service a moment after it exists.
         hostname = eventually(answers, f"{cluster_ip} from {node}", timeout=120, interval=1)
         assert hostname in servers, (node, hostname)
+
+
+def test_a_pod_on_a_worker_resolves_through_coredns_on_sluice(model: Model) -> None:
+    # agnhost's Go resolver asks CoreDNS (on sluice's network) through the kube-dns
+    # ClusterIP; on kind's default scheduling CoreDNS is on the control plane, so the
+    # query crosses nodes.
+    coredns = model.cluster.kubectl_json(
+        "get", "pods", "-n", "kube-system", "-l", "k8s-app=kube-dns"
+    )
+    assert coredns["items"], "no CoreDNS pod"
+    name = "kubernetes.default.svc.cluster.local"
+    node = model.pods["allowed"]["spec"]["nodeName"]
+    eventually(lambda: model.connects_to("allowed", f"{name}:443"), f"{name} from {node}")
