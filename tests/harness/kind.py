@@ -1,7 +1,8 @@
 """kind clusters from the node image built here, driven through the docker SDK.
 
-``python -m tests.harness.kind`` (the Makefile's ``image``, ``kind-image``,
-``kind`` and ``kind-down`` targets):
+``python -m tests.harness.kind`` (the Makefile's ``image``, ``kind-image`` and
+``kind-down`` targets; ``make kind`` is tests/harness/daemonset.py's ``up``, which
+adds sluice's deployment to what ``up`` here makes):
 
   image        build the sluice image and its OCI tar
   node-image   build the kind node image (offline; only when an input changed)
@@ -9,9 +10,8 @@
                of the images, ``kind create cluster`` with conf/kind-config.yaml for
                --nodes nodes, the sluice image loaded into every node, the checks
                (every node registered, the static pods and kube-proxy running,
-               bpffs and the kernel headers in every node); prints KUBECONFIG (and
-               DOCKER_HOST). Without sluice: ``make kind`` is
-               tests/harness/daemonset.py's ``up``, which deploys conf/ on it
+               bpffs and the kernel headers in every node), without sluice;
+               prints KUBECONFIG (and DOCKER_HOST)
   load         load an OCI image tar into every node of a cluster
   down         delete the cluster, put back the kernel settings its kubelets turned,
                and stop the project's Docker daemon when it started it
