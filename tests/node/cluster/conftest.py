@@ -1,6 +1,6 @@
 """A cluster of three real nodes on this machine (tests/harness/multinode.py).
 
-``k8s_nodes`` (session): cluster ``pytest-m`` on port base 25000 (its own, so it
+``k8s_nodes`` (package): cluster ``pytest-m`` on port base 25000 (its own, so it
 needs no lock on the host and runs beside the single-node ``k8s_cluster``), three
 nodes, sluice enforcing policy with an agent on each node. Each agent keeps the
 routes to the other nodes' podCIDRs (``NODE_ROUTES``). A state left
@@ -25,7 +25,9 @@ NODE_COUNT = 3
 NODE_ROUTES = "agent"  # sluice's agent keeps one route per remote node
 
 
-@pytest.fixture(scope="session")
+# Package scope: the three nodes (kubelets, containerds, agents) go as soon as this
+# package's tests are done instead of idling through the rest of the session.
+@pytest.fixture(scope="package")
 def k8s_nodes() -> Iterator[MultiNodeCluster]:
     keep_logs = os.environ.get(KEEP_LOGS_ENV)
     cluster = MultiNodeCluster(
