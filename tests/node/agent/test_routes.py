@@ -294,7 +294,16 @@ def expected_routes(nodes: list[SimNode], me: SimNode) -> dict[str, str]:
 
 
 def wait_for_routes(node: SimNode, routes: dict[str, str], what: str) -> None:
-    eventually(lambda: node.route_gateways() == routes, f"{node.name}: {what}", timeout=60)
+    def check() -> bool:
+        present = node.route_gateways()
+        assert present == routes, f"routes {present}, wanted {routes}"
+        return True
+
+    try:
+        eventually(check, f"{node.name}: {what}", timeout=60)
+    except AssertionError as err:
+        log = node.log()[-6000:]
+        raise AssertionError(f"{err}\n--- agent log of {node.name} ---\n{log}") from None
 
 
 def restart_all(nodes: list[SimNode], routing: str) -> None:
