@@ -145,7 +145,7 @@ kind: kind-image image
 		--name $(KIND_CLUSTER) --nodes $(KIND_NODES)
 
 # On the cluster of `make kind` (made first when missing): the network-model checks
-# (tests/node/kind), then the whole [sig-network] Netpol e2e suite; KIND_E2E_REPORT
+# and the egress sequences of the policy matrix (tests/node/kind), then the whole [sig-network] Netpol e2e suite; KIND_E2E_REPORT
 # keeps its JUnit report and log.
 KIND_E2E_REPORT ?= /var/lib/sluice-kind/$(KIND_CLUSTER)-e2e
 kind-e2e: kind

@@ -10,9 +10,8 @@
 * a Service's ClusterIP answers from every node;
 * a pod on a worker resolves a Service name through CoreDNS, itself on sluice.
 
-The cluster is ``KIND_CLUSTER`` (default ``sluice``) when it exists (``make kind-e2e``
-runs this after ``make kind``); otherwise the module makes a 3-node cluster of its
-own and deletes it afterwards. Docker is driven through the SDK: the node containers
+The cluster is that of conftest.py: ``KIND_CLUSTER`` (default ``sluice``) when it
+exists, else one of the module's own. Docker is driven through the SDK: the node containers
 are those of ``tests/harness/kind.py``.
 
 Marker ``kind``: ``make kind-e2e`` runs it, ``make test`` deselects it.
@@ -22,7 +21,6 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import os
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,14 +29,14 @@ from typing import Any
 
 import pytest
 
-from tests.harness import daemonset, dockerd, kind
+from tests.harness import dockerd, kind
 from tests.harness.cache import AGNHOST_IMAGE
 from tests.harness.daemonset import DeployedCluster
 from tests.harness.waiting import eventually
+from tests.node.kind.conftest import NODES
 
 pytestmark = [pytest.mark.kind, pytest.mark.docker, pytest.mark.slow]
 
-NODES = 3
 PORT = 8080
 SERVER = ["/agnhost", "netexec", f"--http-port={PORT}"]
 CONNECT_TIMEOUT = "3s"
@@ -120,22 +118,6 @@ def workers(cluster: DeployedCluster) -> list[str]:
         for n in found
         if "node-role.kubernetes.io/control-plane" not in n["metadata"].get("labels", {})
     )
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[DeployedCluster]:
-    name = os.environ.get("KIND_CLUSTER") or "sluice"
-    daemon = dockerd.ensure()
-    own = name not in kind.clusters(daemon)
-    if own:
-        name = f"sluice-model-{uuid.uuid4().hex[:4]}"
-    try:
-        deployed, _ = daemonset.up(name, nodes=NODES)
-        yield deployed
-    finally:
-        if own:
-            left = daemonset.down(name)
-            assert all("failed" not in line for line in left), left
 
 
 @pytest.fixture(scope="module")
