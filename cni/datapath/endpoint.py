@@ -66,6 +66,9 @@ def _attach_links(ifindex: int, datapath: Datapath, hooks: dict[str, tuple[int, 
     new programs in between has switched every pinned link but these: they are
     switched here, under the lock, before they are pinned."""
     os.makedirs(datapath.path(LINKS), exist_ok=True)
+    hooks = {p: hook for p, hook in hooks.items() if not _adopt_link(ifindex, datapath, p, hook)}
+    if not hooks:
+        return True
     made = _create_links(ifindex, datapath, hooks)
     if made is None:
         return False
@@ -86,6 +89,34 @@ def _attach_links(ifindex: int, datapath: Datapath, hooks: dict[str, tuple[int, 
         for _, link_fd, prog_fd in made:
             os.close(link_fd)
             os.close(prog_fd)
+    return True
+
+
+def _adopt_link(ifindex: int, datapath: Datapath, program: str, hook: tuple[int, str]) -> bool:
+    """True when the device already has the program's pinned link, an earlier
+    process's (an uplink's or the tunnel's, which outlive an agent's restart); it is
+    pointed at the program pinned now. The kernel refuses a second link of one
+    program on one hook (EEXIST)."""
+    path = link_path(datapath.bpf_dir, ifindex, program)
+    if not os.path.exists(path):
+        return False
+    with datapath.lock:
+        try:
+            link_fd = bpf.obj_get(path)
+        except bpf.BPFError:
+            return False  # unpinned meanwhile
+        try:
+            info = bpf.link_info(link_fd)
+            if info.ifindex != ifindex or info.attach_type != hook[0]:
+                return False  # detached: its device is gone, the ifindex reused
+            prog_fd = _program_fd(datapath, program)
+            try:
+                if bpf.prog_info(prog_fd).id != info.prog_id:
+                    bpf.link_update(link_fd, prog_fd)
+            finally:
+                os.close(prog_fd)
+        finally:
+            os.close(link_fd)
     return True
 
 

@@ -153,10 +153,22 @@ def test_a_tightened_policy_cuts_an_established_service_flow(
         assert held.finish() == "cut"
 
 
+@pytest.mark.parametrize("restarted", [False, True], ids=["attached", "attached-again"])
 def test_a_remote_backend_is_judged_at_the_uplink(
-    cluster: list[Pod], kube_proxy: KubeProxy | NftKubeProxy, dp: Datapath, remote: Remote
+    cluster: list[Pod],
+    kube_proxy: KubeProxy | NftKubeProxy,
+    dp: Datapath,
+    remote: Remote,
+    restarted: bool,
 ) -> None:
+    """``attached-again``: a restarted agent attaches the uplink program once more
+    (its pinned link outlived the agent); the kernel refuses a second link of one
+    program on one hook, so the earlier link is adopted, and it still judges."""
     a, b, _ = cluster
+    if restarted:
+        with Rtnl() as ipr, Datapath(TEST_BPF_DIR) as again:
+            endpoint.attach_uplink(again, ipr, remote.uplink)
+            endpoint.attach_uplink(again, ipr, remote.uplink)
     svc = cluster_ip()
     kube_proxy.service("R", svc, [(remote.backend, 8080)])
     dp.set_service_ips([svc])
