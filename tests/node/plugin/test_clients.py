@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -20,6 +21,7 @@ from typing import Any
 import pytest
 
 from tests.harness.cni_run import Network, PodNamespaces, in_netns, ping
+from tests.harness.host import IPTABLES
 from tests.harness.probes import node_address
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -75,9 +77,21 @@ def cnitool(network: Network, tmp_path: Path) -> Iterator[Any]:
             shutil.rmtree(CNI_CACHE.parent, ignore_errors=True)
 
 
+def _nat_rules(iptables: str) -> list[str]:
+    out = subprocess.run([iptables, "-w", "-t", "nat", "-S"], capture_output=True, text=True)
+    return out.stdout.splitlines()
+
+
+def _hostport_chains(iptables: str) -> set[str]:
+    return {line.split()[1] for line in _nat_rules(iptables) if line.startswith("-N CNI-HOSTPORT-")}
+
+
 @pytest.fixture
 def nat_tables_restored() -> Iterator[None]:
-    """portmap (through iptables-nft) creates the nat tables and never removes them."""
+    """portmap (through iptables-nft) creates its CNI-HOSTPORT-* chains, hooked into
+    the nat table (made on first use), and never removes them: whatever of these was
+    not there before goes afterwards, also when the table was there already (the
+    host's kube-proxy of the session's test cluster makes it)."""
 
     def tables() -> set[str]:
         out = subprocess.run(
@@ -86,9 +100,19 @@ def nat_tables_restored() -> Iterator[None]:
         return {line.removeprefix("table ").strip() for line in out.splitlines()}
 
     before = tables()
+    chains_before = {iptables: _hostport_chains(iptables) for iptables in IPTABLES}
     try:
         yield
     finally:
+        for iptables, existed in chains_before.items():
+            new = _hostport_chains(iptables) - existed
+            for line in _nat_rules(iptables):  # the jumps into them from the hooks
+                words = shlex.split(line)
+                if words[0] == "-A" and any(f"-j {chain}" in line for chain in new):
+                    subprocess.run([iptables, "-w", "-t", "nat", "-D", *words[1:]], check=False)
+            for flag in ("-F", "-X"):
+                for chain in sorted(new):
+                    subprocess.run([iptables, "-w", "-t", "nat", flag, chain], check=False)
         for table in tables() - before:
             if table in ("ip nat", "ip6 nat", "ip filter", "ip6 filter"):
                 subprocess.run(["nft", "delete", "table", *table.split()], check=False)
