@@ -12,10 +12,11 @@ the Services' ClusterIPs, so kube-proxy's DNAT is on the path as in the e2e suit
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -298,3 +299,19 @@ class KubeMatrix:
             self.cluster.kubectl(
                 "delete", "namespace", name, "--ignore-not-found", "--wait=true", timeout=180
             )
+
+
+@contextlib.contextmanager
+def applied_policies(matrix: KubeMatrix) -> Iterator[Callable[..., None]]:
+    """``apply(*documents)`` for one test; what it applied is deleted afterwards."""
+    applied: list[dict[str, Any]] = []
+
+    def apply(*documents: dict[str, Any]) -> None:
+        applied.extend(documents)
+        matrix.apply(*documents)
+
+    try:
+        yield apply
+    finally:
+        if applied:
+            matrix.delete(*applied)

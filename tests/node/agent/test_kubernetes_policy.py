@@ -32,7 +32,7 @@ from cni.spec.invoke import Invocation
 from tests.harness.cluster import Cluster, sluice_agent_argv
 from tests.harness.cni_run import TEST_NETNS_PREFIX, PodNamespaces, exec_plugin
 from tests.harness.k8s_objects import create_world, set_pod_ips
-from tests.harness.kube_matrix import SERVED, KubeMatrix, KubePod
+from tests.harness.kube_matrix import SERVED, KubeMatrix, KubePod, applied_policies
 from tests.harness.waiting import eventually
 
 pytest_plugins = ["tests.harness.fixtures"]
@@ -55,15 +55,8 @@ def matrix(k8s_cluster: Cluster) -> Iterator[KubeMatrix]:
 @pytest.fixture
 def policies(matrix: KubeMatrix) -> Iterator[Callable[..., None]]:
     """Apply policies for one test; they are deleted afterwards."""
-    applied: list[dict[str, Any]] = []
-
-    def apply(*documents: dict[str, Any]) -> None:
-        applied.extend(documents)
-        matrix.apply(*documents)
-
-    yield apply
-    if applied:
-        matrix.delete(*applied)
+    with applied_policies(matrix) as apply:
+        yield apply
 
 
 def verdicts(

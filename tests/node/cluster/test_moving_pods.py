@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from tests.harness.kube_matrix import applied_policies
 from tests.harness.multinode import MultiNodeCluster
 from tests.harness.multinode_matrix import NodesMatrix
 from tests.harness.waiting import eventually
@@ -43,15 +44,8 @@ def matrix(k8s_nodes: MultiNodeCluster) -> Iterator[NodesMatrix]:
 
 @pytest.fixture
 def policies(matrix: NodesMatrix) -> Iterator[Callable[..., None]]:
-    applied: list[dict[str, Any]] = []
-
-    def apply(*documents: dict[str, Any]) -> None:
-        applied.extend(documents)
-        matrix.apply(*documents)
-
-    yield apply
-    if applied:
-        matrix.delete(*applied)
+    with applied_policies(matrix) as apply:
+        yield apply
 
 
 def only_pod_b(matrix: NodesMatrix) -> list[dict[str, Any]]:

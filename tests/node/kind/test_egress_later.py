@@ -14,13 +14,13 @@ Marker ``kind``: ``make kind-e2e`` runs it, ``make test`` deselects it.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import pytest
 
 from tests.harness import dockerd
 from tests.harness.daemonset import DeployedCluster
 from tests.harness.kind_matrix import KindKubectl, KindMatrix
+from tests.harness.kube_matrix import applied_policies
 from tests.harness.waiting import eventually
 from tests.node.agent.test_kubernetes_policy import (
     NOTHING,
@@ -61,15 +61,8 @@ def matrix(cluster: DeployedCluster) -> Iterator[KindMatrix]:
 
 @pytest.fixture
 def policies(matrix: KindMatrix) -> Iterator[Callable[..., None]]:
-    applied: list[dict[str, Any]] = []
-
-    def apply(*documents: dict[str, Any]) -> None:
-        applied.extend(documents)
-        matrix.apply(*documents)
-
-    yield apply
-    if applied:
-        matrix.delete(*applied)
+    with applied_policies(matrix) as apply:
+        yield apply
 
 
 def in_force(matrix: KindMatrix, target: str) -> None:
