@@ -7,8 +7,10 @@ a node's namespace (the host runs no kube-proxy: only the nodes do).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,3 +61,18 @@ class NodesMatrix(KubeMatrix):
                 return proc.stdout.strip() == "[true]"
 
             eventually(forwarded, f"{node.name} forwarding {pod.cluster_ip} to {pod.key}", 60)
+
+
+@contextlib.contextmanager
+def placed_matrix(
+    cluster: MultiNodeCluster, placement: dict[str, int], pods: Iterable[str]
+) -> Iterator[NodesMatrix]:
+    """A matrix whose pods ``"x/a"`` go on node ``placement[key]`` (an index), with
+    ``pods`` running; destroyed afterwards."""
+    made = NodesMatrix(cluster=cluster)
+    made.placement = {key: cluster.node(index).name for key, index in placement.items()}
+    try:
+        made.add_pods(list(pods))
+        yield made
+    finally:
+        made.destroy()

@@ -16,7 +16,7 @@ import pytest
 
 from tests.harness.kube_matrix import applied_policies
 from tests.harness.multinode import MultiNodeCluster
-from tests.harness.multinode_matrix import NodesMatrix
+from tests.harness.multinode_matrix import NodesMatrix, placed_matrix
 from tests.harness.waiting import eventually
 from tests.node.agent.test_kubernetes_policy import (
     NOTHING,
@@ -35,13 +35,9 @@ PLACEMENT = {"x/a": 1, "x/b": 2, "x/c": 3, "y/a": 2, "y/b": 3, "y/c": 2, "z/a": 
 
 @pytest.fixture(scope="module")
 def matrix(k8s_nodes: MultiNodeCluster) -> Iterator[NodesMatrix]:
-    made = NodesMatrix(cluster=k8s_nodes)
-    made.placement = {key: k8s_nodes.node(index).name for key, index in PLACEMENT.items()}
-    try:
-        made.add_pods([f"{ns}/{pod}" for ns in ("x", "y", "z") for pod in ("a", "b", "c")])
+    pods = [f"{ns}/{pod}" for ns in ("x", "y", "z") for pod in ("a", "b", "c")]
+    with placed_matrix(k8s_nodes, PLACEMENT, pods) as made:
         yield made
-    finally:
-        made.destroy()
 
 
 @pytest.fixture

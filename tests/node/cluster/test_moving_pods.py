@@ -22,7 +22,7 @@ import pytest
 
 from tests.harness.kube_matrix import applied_policies
 from tests.harness.multinode import MultiNodeCluster
-from tests.harness.multinode_matrix import NodesMatrix
+from tests.harness.multinode_matrix import NodesMatrix, placed_matrix
 from tests.harness.waiting import eventually
 from tests.node.agent.test_kubernetes_policy import DNS, NOTHING, TCP_80, verdicts
 
@@ -33,13 +33,8 @@ PLACEMENT = {"x/a": 1, "x/b": 2, "x/c": 3, "y/a": 2}
 
 @pytest.fixture(scope="module")
 def matrix(k8s_nodes: MultiNodeCluster) -> Iterator[NodesMatrix]:
-    made = NodesMatrix(cluster=k8s_nodes)
-    made.placement = {key: k8s_nodes.node(index).name for key, index in PLACEMENT.items()}
-    try:
-        made.add_pods(list(PLACEMENT))
+    with placed_matrix(k8s_nodes, PLACEMENT, list(PLACEMENT)) as made:
         yield made
-    finally:
-        made.destroy()
 
 
 @pytest.fixture
