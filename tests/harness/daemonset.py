@@ -138,14 +138,12 @@ def node_file(node: Any, path: str) -> str | None:
     return result.output.decode() if result.exit_code == 0 else None
 
 
-def tagged_image(client: docker.DockerClient, tag: str) -> tuple[str, Path]:
-    """The sluice image under another tag (same content), with its OCI tar: what a
-    rolling update to a new image tag pulls."""
-    built = sluice_image.image_name()
+def tagged_image(client: docker.DockerClient, cluster: str, tag: str) -> str:
+    """The sluice image under another tag (same content) in every node's containerd:
+    what a rolling update to a new image tag pulls."""
     name = f"{sluice_image.REPOSITORY}:{tag}"
-    client.images.get(built).tag(sluice_image.REPOSITORY, tag)
-    tar = sluice_image.debian_base.CACHE_DIR / f"sluice-{tag}.oci.tar"
-    return name, sluice_image.write_oci_tar(client, name, tar)
+    kind.tag(client, cluster, sluice_image.image_name(), name)
+    return name
 
 
 def up(name: str = CLUSTER, nodes: int = 1) -> tuple[DeployedCluster, dict[str, Any]]:

@@ -258,6 +258,27 @@ def load(client: docker.DockerClient, cluster: str, oci_tar: Path) -> list[str]:
     return loaded
 
 
+def tag(client: docker.DockerClient, cluster: str, source: str, target: str) -> list[str]:
+    """Tag an image already loaded into every node's containerd under another name.
+
+    What a rolling update to a new tag pulls, without writing and importing a second
+    600 MB OCI tar (about 150 s on this machine): the content is the same.
+    """
+    nodes = node_containers(client, cluster)
+    if not nodes:
+        raise KindFailed(f"cluster {cluster} has no running nodes")
+    for node in nodes:
+        result = node.exec_run(
+            ["ctr", "--namespace", "k8s.io", "images", "tag", "--force", source, target]
+        )
+        if result.exit_code != 0:
+            raise KindFailed(
+                f"ctr images tag {source} {target} in {node.name}: {result.output.decode()}"
+            )
+    log(f"tagged {source} as {target} in {', '.join(n.name for n in nodes)}")
+    return [n.name for n in nodes]
+
+
 # --- checks -------------------------------------------------------------------------------
 
 

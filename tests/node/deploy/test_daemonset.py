@@ -5,8 +5,8 @@ runs on sluice's network, the Netpol e2e subset passes, and a rolling update of 
 DaemonSet to another image tag (and back) under live traffic keeps the established
 allowed flow, every pod's address and every denial, and a pod created meanwhile starts.
 
-Marker ``kind``: the default ``make test`` run deselects it (pyproject's addopts);
-``make kind-test`` or ``pytest -m kind tests/node/deploy`` runs it.
+Part of ``make test``: the first run on a machine also builds the kind node image and
+the sluice image (about 10 minutes from cold, cached after).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from tests.harness.daemonset import DeployedCluster
 from tests.harness.e2e import NETPOL_SKIP, run_e2e
 from tests.harness.waiting import eventually
 
-pytestmark = [pytest.mark.kind, pytest.mark.docker, pytest.mark.slow]
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 NEXT_TAG = "upgrade-next"
 AGNHOST = "registry.k8s.io/e2e-test-images/agnhost:2.56"
@@ -206,8 +206,7 @@ def test_a_rolling_update_and_back_keeps_flows_addresses_and_denials(
         original = cluster.agent_image()
         client = dockerd.ensure().client()
         try:
-            next_image, tar = daemonset.tagged_image(client, NEXT_TAG)
-            kind.load(client, cluster.name, tar)
+            next_image = daemonset.tagged_image(client, cluster.name, NEXT_TAG)
         finally:
             client.close()
         for image in (next_image, original):  # the update, then back
