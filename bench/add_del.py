@@ -221,8 +221,8 @@ def main() -> None:
     parser.add_argument(
         "--attach",
         choices=("tcx", "tc"),
-        default="tcx",
-        help="how sluice's programs go onto pod veths (the datapath's \"attach\")",
+        default="tc",  # what sluicectl install writes unless bandwidth is chained
+        help="how sluice's programs go onto pod veths (the datapath's \"attach\") [%(default)s]",
     )
     parser.add_argument(
         "--no-in-process", action="store_true", help="leave out sluice in its own process"
