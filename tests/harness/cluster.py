@@ -335,6 +335,11 @@ class Cluster:
         name = f"sluice-{uuid.uuid4().hex[:8]}"
         self.kubectl("create", "namespace", name)
         try:
+            # Pods are refused until the namespace's default ServiceAccount exists.
+            self._wait(
+                self._exists("serviceaccount", "default", "-n", name),
+                f"default ServiceAccount in namespace {name}",
+            )
             yield name
         finally:
             self.kubectl("delete", "namespace", name, "--wait=true", timeout=180)
@@ -429,9 +434,12 @@ class Cluster:
         if self.control_plane_only:
             if self.remote_nodes:
                 self._start("kube-scheduler", components.scheduler_argv(layout))
+            # The admission plugin refuses pods until the namespace's default
+            # ServiceAccount exists, which the controller manager makes a moment later.
             self._wait(
-                lambda: self.kubectl("get", "namespace", "default", check=False).returncode == 0,
-                "namespace default",
+                self._exists("serviceaccount", "default", "-n", "default"),
+                "default ServiceAccount",
+                120,
             )
             self._log(f"control plane up in {time.monotonic() - started:.0f} s")
             return
@@ -502,6 +510,9 @@ class Cluster:
                 )
         if self._containerd is not None and not self._containerd.running:
             raise ClusterError(f"containerd exited:\n{self._containerd.log_tail()}")
+
+    def _exists(self, *what: str) -> Callable[[], bool]:
+        return lambda: self.kubectl("get", *what, check=False).returncode == 0
 
     def _wait(self, condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
         def check() -> bool:
@@ -676,12 +687,13 @@ class Cluster:
             taints = [t for t in node.get("spec", {}).get("taints", []) or []]
             return ready and not any(t.get("effect") == "NoSchedule" for t in taints)
 
-        def exists(*what: str) -> Callable[[], bool]:
-            return lambda: self.kubectl("get", *what, check=False).returncode == 0
-
         self._wait(node_ready, f"node {self.node_name} Ready without NoSchedule taints", 120)
-        self._wait(exists("serviceaccount", "default", "-n", "default"), "default ServiceAccount")
-        self._wait(exists("configmap", "kube-root-ca.crt", "-n", "default"), "kube-root-ca.crt")
+        self._wait(
+            self._exists("serviceaccount", "default", "-n", "default"), "default ServiceAccount"
+        )
+        self._wait(
+            self._exists("configmap", "kube-root-ca.crt", "-n", "default"), "kube-root-ca.crt"
+        )
 
         def services_programmed() -> bool:
             nat = subprocess.run(

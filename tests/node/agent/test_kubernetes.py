@@ -25,7 +25,6 @@ import pytest
 
 from tests.harness.cache import AGNHOST_IMAGE
 from tests.harness.cluster import Cluster, ClusterError
-from tests.harness.e2e import NETPOL_SUBSET, NETPOL_SUBSET_FOCUS, NETPOL_SUBSET_SKIP, run_netpol
 from tests.harness.waiting import eventually as wait_until
 
 pytest_plugins = ["tests.harness.fixtures"]
@@ -307,12 +306,6 @@ def test_deleting_pods_leaves_no_conntrack_entries(deleted_pods: DeletedPods) ->
         "no conntrack entry of the deleted pods' addresses",
         timeout=30,
     )
-
-
-def test_networkpolicy_e2e_subset(k8s_cluster: Cluster) -> None:
-    """Kubernetes' own NetworkPolicy e2e specs, a fast subset (`make e2e` runs them all)."""
-    tally = run_netpol(k8s_cluster, focus=NETPOL_SUBSET_FOCUS, skip=NETPOL_SUBSET_SKIP)
-    assert not tally.failed and len(tally.passed) == len(NETPOL_SUBSET), tally.summary()
 
 
 def labelled_netexec_pod(name: str, **labels: str) -> dict[str, Any]:
