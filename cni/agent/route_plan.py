@@ -29,8 +29,8 @@ class Claimed(NamedTuple):
 
 class Desired(NamedTuple):
     routes: dict[Network, PeerRoute]
-    # Ranges left out, with why (another node routes them already, or they overlap
-    # this node's own): reported, never routed.
+    # Ranges left out, with why (they overlap this node's own or another node's, or
+    # their node's InternalIP is a pod address): reported, never routed.
     skipped: dict[Network, str]
 
 
@@ -42,30 +42,48 @@ def desired_routes(
     claims: Iterable[Claimed] | None = None,
 ) -> Desired:
     """One route per remote pod range via its node's InternalIP: the nodes' podCIDRs,
-    or with ``claims`` (prefix mode) each prefix another node holds."""
+    or with ``claims`` (prefix mode) each prefix another node holds.
+
+    Node objects are input, not truth: node IPAM never hands out overlapping ranges,
+    so two nodes' ranges that overlap (a misconfiguration, or a Node written to take
+    over another's pods) are both left out, whatever their order; picking one would
+    let the other's traffic go where the newcomer says. A node whose InternalIP is a
+    pod address (inside any pod range) gets no route either: the route would hand
+    that range's traffic to a pod."""
     by_name = {n.name: n for n in nodes}
     ranges: list[tuple[Network, str]]
     if claims is None:
         ranges = [(cidr, n.name) for n in by_name.values() for cidr in n.pod_cidrs]
     else:
         ranges = [(c.prefix, c.node) for c in claims]
-    own = list(own_ranges)
-    routes: dict[Network, PeerRoute] = {}
-    owners: dict[Network, str] = {}
+    ranges = sorted(set(ranges), key=lambda r: (r[0], r[1]))
+    own = [*own_ranges, *(dst for dst, name in ranges if name == own_node)]
+    pod_ranges = [*own, *(dst for dst, _ in ranges)]
+    candidates: list[tuple[Network, str, Address]] = []
     skipped: dict[Network, str] = {}
-    for dst, name in sorted(ranges, key=lambda r: (r[0], r[1])):
+    for dst, name in ranges:
         node = by_name.get(name)
         if name == own_node or node is None or node.internal_ip is None:
             continue  # this node's own, or a node without an address (yet)
         if any(dst.overlaps(o) for o in own):
             skipped[dst] = f"node {name}'s {dst} overlaps this node's own pod range"
             continue
-        clash = next((d for d in routes if d.overlaps(dst)), None)
-        if clash is not None:
-            skipped[dst] = f"node {name}'s {dst} overlaps {clash} of node {owners[clash]}"
+        inside = next((r for r in pod_ranges if node.internal_ip in r), None)
+        if inside is not None:
+            skipped[dst] = (
+                f"node {name}'s InternalIP {node.internal_ip} is a pod address (in {inside})"
+            )
             continue
-        routes[dst] = PeerRoute(dst, node.internal_ip, tunnel)
-        owners[dst] = name
+        candidates.append((dst, name, node.internal_ip))
+    routes: dict[Network, PeerRoute] = {}
+    for dst, name, gateway in candidates:
+        rival = next(((d, n) for d, n, _ in candidates if n != name and d.overlaps(dst)), None)
+        if rival is not None:
+            skipped[dst] = (
+                f"node {name}'s {dst} overlaps {rival[0]} of node {rival[1]}: neither is routed"
+            )
+            continue
+        routes[dst] = PeerRoute(dst, gateway, tunnel)
     return Desired(routes, skipped)
 
 

@@ -396,6 +396,45 @@ def test_routes_follow_node_objects_and_leave_others_alone(
     first.run("ip", "route", "del", extra_cidr, "proto", "static")
 
 
+def test_forged_node_objects_divert_no_pod_traffic(
+    nodes: list[SimNode], pods: PodNamespaces, k8s_control_plane: Cluster
+) -> None:
+    """Two hostile Nodes: one with a range inside the second node's podCIDR (a takeover:
+    it would win the longest match), one whose InternalIP is a pod's address on the
+    first node (whose /32 to that pod is on-link, so the kernel would take the route).
+    Neither gets a route anywhere, the contested range is routed to nobody (it is not
+    known which node holds it), and all comes back once they are gone."""
+    first, second, third = nodes
+    assert all(n.routing == "native" for n in nodes)
+    netns = pods.new()
+    pod_ip = first.add_pod(netns, "forged-decoy")
+    takeover_cidr = str(list(ipaddress.IPv4Network(second.pod_cidr).subnets(new_prefix=25))[1])
+    decoy_cidr = str(list(CLUSTER.subnets(new_prefix=24))[11])
+    takeover, decoy = f"rt{TAG}-takeover", f"rt{TAG}-decoy"
+    create_node_object(
+        k8s_control_plane, takeover, takeover_cidr, str(NODE_NET.network_address + 66)
+    )
+    create_node_object(k8s_control_plane, decoy, decoy_cidr, pod_ip)
+    try:
+        for node, why in ((first, "is a pod address"), (second, "is a pod address"),
+                          (third, "neither is routed")):  # fmt: skip
+            eventually(
+                lambda n=node, w=why: any(w in line for line in n.log().splitlines()),
+                f"{node.name}: the forged Nodes reported",
+            )
+        for node in (first, third):
+            routes = expected_routes(nodes, node)
+            del routes[second.pod_cidr]
+            wait_for_routes(node, routes, "no route to the contested range")
+        wait_for_routes(second, expected_routes(nodes, second), "its own range kept out")
+    finally:
+        delete_node_object(k8s_control_plane, takeover)
+        delete_node_object(k8s_control_plane, decoy)
+        first.delete_pod(netns, "forged-decoy")
+    for node in nodes:
+        wait_for_routes(node, expected_routes(nodes, node), "the forged Nodes gone")
+
+
 def test_a_restarted_agent_removes_nothing_before_the_full_list(
     nodes: list[SimNode], k8s_control_plane: Cluster
 ) -> None:

@@ -33,10 +33,39 @@ def test_nodes_without_address_or_range_get_none_overlaps_are_skipped() -> None:
     bare = NodeAddressing("n4", (N("10.244.4.0/24"),), None)
     rangeless = NodeAddressing("n5", (), A("192.168.5.5"))
     mine = NodeAddressing("n6", (N("10.244.1.0/25"),), A("192.168.5.6"))
-    twin = NodeAddressing("n7", (N("10.244.2.128/25"),), A("192.168.5.7"))
-    wanted = desired_routes([ME, TWO, bare, rangeless, mine, twin], "n1", OWN, tunnel=False)
+    wanted = desired_routes([ME, TWO, bare, rangeless, mine], "n1", OWN, tunnel=False)
     assert list(wanted.routes) == [N("10.244.2.0/24")]
-    assert set(wanted.skipped) == {N("10.244.1.0/25"), N("10.244.2.128/25")}
+    assert set(wanted.skipped) == {N("10.244.1.0/25")}
+
+
+def test_overlapping_ranges_of_two_nodes_are_both_left_out_in_any_order() -> None:
+    # A Node written to take over n2's pods: a wider range sorts first, a narrower one
+    # would win the longest match. Neither may divert n2's traffic, nor be routed itself.
+    for forged in (N("10.244.2.0/23"), N("10.244.2.128/25"), N("10.244.2.0/24")):
+        intruder = NodeAddressing("n0", (forged,), A("192.168.5.66"))
+        for order in ([ME, TWO, THREE, intruder], [intruder, THREE, TWO, ME]):
+            wanted = desired_routes(order, "n1", OWN, tunnel=False)
+            taken = {n.pod_cidrs[0] for n in (TWO, THREE) if n.pod_cidrs[0].overlaps(forged)}
+            assert N("10.244.2.0/24") in taken
+            assert set(wanted.routes) == {N("10.244.2.0/24"), N("10.244.3.0/24")} - taken
+            assert set(wanted.skipped) == taken | {forged}
+            assert "neither is routed" in wanted.skipped[forged]
+
+
+def test_a_node_whose_internal_ip_is_a_pod_address_gets_no_route() -> None:
+    # Via a local pod's address (its /32 is on-link) the route would hand the range to it.
+    for gateway in ("10.244.1.5", "10.244.3.7", "10.244.9.1"):
+        decoy = NodeAddressing("n9", (N("10.244.9.0/24"),), A(gateway))
+        wanted = desired_routes([ME, TWO, THREE, decoy], "n1", OWN, tunnel=False)
+        assert N("10.244.9.0/24") not in wanted.routes
+        assert f"InternalIP {gateway} is a pod address" in wanted.skipped[N("10.244.9.0/24")]
+        assert set(wanted.routes) == {N("10.244.2.0/24"), N("10.244.3.0/24")}
+
+
+def test_prefix_mode_claims_of_this_node_count_as_its_own() -> None:
+    claims = [Claimed(N("10.8.0.0/28"), "n1"), Claimed(N("10.8.0.0/27"), "n2")]
+    wanted = desired_routes([ME, TWO], "n1", [], tunnel=True, claims=claims)
+    assert wanted.routes == {} and "this node's own" in wanted.skipped[N("10.8.0.0/27")]
 
 
 def test_prefix_mode_routes_each_prefix_another_node_holds() -> None:
