@@ -14,7 +14,6 @@ from __future__ import annotations
 import ipaddress
 import json
 import subprocess
-import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -32,11 +31,11 @@ from tests.harness.claims import (
     claims_by_node,
     create_node,
     delete_node,
-    prefix_ipam,
     unique_pool,
 )
 from tests.harness.cluster import Cluster
 from tests.harness.waiting import eventually
+from tests.node.kube.test_prefix_claims_api import NETWORK, finish, plugin, start_worker
 
 pytest_plugins = ["tests.harness.claims_fixtures"]
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
@@ -45,7 +44,6 @@ ROOT = Path(__file__).resolve().parents[3]
 RBAC = ROOT / "conf" / "sluice-rbac.yaml"
 POLICY = "sluice-prefix-claims"
 NODE_NAME_KEY = "authentication.kubernetes.io/node-name"
-NETWORK = "claims-admission"
 REFUSED = "may write only that node's PrefixClaims"
 
 
@@ -132,24 +130,8 @@ def node_bound(
 
 def run_claims(kubeconfig: Path, tmp_path: Path, node: str, pool: str, **job: Any) -> Any:
     """The agent's claim code (tests/harness/claim_worker.py) for ``node``."""
-    plugin = {
-        "stateDir": str(tmp_path / node),
-        "ipam": prefix_ipam(pool, node, warmPrefixes=0, cooldownSeconds=0),
-    }
-    spec = {"kubeconfig": str(kubeconfig), "network": NETWORK, "plugin": plugin, **job}
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.harness.claim_worker", json.dumps(spec)],
-        cwd=ROOT,
-        input="",
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
-    (done,) = [line for line in lines if line.get("done")]
-    return done
+    ipam = plugin(tmp_path, node, pool, warmPrefixes=0, cooldownSeconds=0)
+    return finish(start_worker(kubeconfig, {"plugin": ipam, **job}))
 
 
 def test_a_node_bound_credential_writes_only_its_own_nodes_claims(
