@@ -6,7 +6,9 @@ policies keep working through a restart; its reaper starts (it keeps a pool
 of empty conntrack tables stocked and deletes what no endpoint uses any
 more, off the CNI path); the endpoints recorded before are adopted if their
 veths still exist; the sources sync; only then is every policy recomputed
-and reinstalled; then the socket opens. SIGTERM and SIGINT stop it cleanly:
+and reinstalled; then the socket opens. Every ``verify_interval`` seconds the
+live datapath is compared with a computation from scratch and what drifted is
+repaired (cni/agent/verify.py). SIGTERM and SIGINT stop it cleanly:
 the socket closes, the pinned datapath stays, and so do the routes to other
 nodes (cni/agent/routes.py), which the next agent adopts.
 """
@@ -82,6 +84,7 @@ class Agent:
         kubeconfig: str | None = None,
         in_cluster: bool = False,
         resolver: str = "agent",
+        verify_interval: float = 60.0,
     ) -> None:
         self.conf = conf
         self.node_name = node_name
@@ -90,6 +93,7 @@ class Agent:
         self.from_api = bool(kubeconfig) or in_cluster  # else: the local manifest store
         # "agent": resolve every policy here; "controller": from sluicectl controller's objects.
         self.resolver = resolver
+        self.verify_interval = verify_interval  # seconds; 0: no periodic verification
         self.stopped = threading.Event()
 
     def run(self) -> None:
@@ -138,8 +142,8 @@ class Agent:
             self.metrics.observe,
             index=ShardIndex(self.node_name) if by_controller else None,
         )
-        refused = self.enforcer.index.store.refused  # a set: len() is one atomic read
-        self.metrics.count_refused(lambda: len(refused))
+        # A set: len() is one atomic read (the index may be replaced by a rebuilt one).
+        self.metrics.count_refused(lambda: len(self.enforcer.index.store.refused))
         self._finish_cut_off_pairs()
         self.enforcer.start(self._adopt_endpoints())
         self.local_store: LocalStore | None = None
@@ -162,6 +166,10 @@ class Agent:
             datapath=self.datapath,
             allocators=self.allocators,
         )
+        from cni.agent.verify import Verifier
+
+        self.verifier = Verifier(self.enforcer, self.verify_interval, self.metrics.count_drift)
+        self.verifier.start()
         self.server = AgentServer(conf.agent_socket, self.handlers.handle, self.handlers.cni_call)
         self._serving = threading.Thread(
             target=self.server.serve_forever, name="server", daemon=True
@@ -206,6 +214,7 @@ class Agent:
         self.handlers.close()
         if self.api_source is not None:
             self.api_source.stop()
+        self.verifier.stop()
         self.enforcer.stop()
         self.reaper.stop()
         if self.claims is not None:

@@ -86,6 +86,7 @@ class Enforcer:
         self.generations: dict[EndpointKey, int] = {}
         self._endpoint_locks: dict[EndpointKey, threading.Lock] = {}
         self._dirty: set[EndpointKey] = set()
+        self._installing: set[EndpointKey] = set()  # in an install_many now
         self._wake = threading.Condition(self.lock)
         self._ready = threading.Event()
         self._service_ips: frozenset[str] | None = None
@@ -252,6 +253,37 @@ class Enforcer:
             if not isinstance(err, PolicyIncomplete):
                 raise err
 
+    # -- verification (cni/agent/verify.py) -------------------------------------------------
+
+    @property
+    def dirty(self) -> frozenset[EndpointKey]:
+        """Endpoints queued for an install. Read with the lock held."""
+        return frozenset(self._dirty)
+
+    @property
+    def installing(self) -> frozenset[EndpointKey]:
+        """Endpoints whose install is in flight. Read with the lock held."""
+        return frozenset(self._installing)
+
+    def replace_index(self, index: PodPolicyResolver) -> None:
+        """Resolve from ``index`` (rebuilt from the same objects) from now on, and
+        install every endpoint's policy again from it."""
+        with self.lock:
+            self.index = index
+            self.installed.clear()
+            self._queue(set(self.endpoints))
+
+    def reinstall(self, key: EndpointKey) -> None:
+        """Install the endpoint's policy again, whatever the enforcer thinks is there."""
+        with self.lock:
+            self.installed.pop(key, None)
+            self._queue({key})
+
+    def rewrite_service_ips(self) -> None:
+        with self.lock:
+            self._service_ips = None
+            self._write_service_ips()
+
     # -- internals -----------------------------------------------------------------------
 
     def _index_pod(self, key: PodKey) -> frozenset[PodKey]:
@@ -343,6 +375,7 @@ class Enforcer:
                         continue
                     pending[record.ifindex] = (key, record)
                     desired[record.ifindex] = policy
+                    self._installing.add(key)  # from here until its install is over
             if not pending:
                 return generations, failed
             rejected: dict[int, datapath_policy.PolicyError] = {}
@@ -357,6 +390,7 @@ class Enforcer:
             elapsed = time.perf_counter() - started
             self.observe("install_batch", elapsed)
             with self.lock:
+                self._installing -= {key for key, _ in pending.values()}
                 for ifindex, (key, record) in pending.items():
                     if ifindex not in installed:
                         failed[key] = rejected.get(ifindex) or crashed or RuntimeError("lost")

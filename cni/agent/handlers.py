@@ -7,7 +7,7 @@ forget endpoints, CHECK also compares the installed policy, STATUS also says
 whether the agent is ready. Calls for one attachment are serialised; calls
 for different attachments run at once.
 
-``apply``, ``delete``, ``get``, ``explain``, ``status``: sluicectl's.
+``apply``, ``delete``, ``get``, ``explain``, ``status``, ``verify``: sluicectl's.
 """
 
 from __future__ import annotations
@@ -80,6 +80,7 @@ class Handlers:
             "delete": self.delete,
             "get": self.get,
             "explain": self.explain,
+            "verify": self.verify,
         }.get(op)  # type: ignore[arg-type]
         if handler is None:
             return {"error": f"unknown op {op!r}"}
@@ -301,3 +302,16 @@ class Handlers:
             except (KeyError, TypeError, ValueError) as err:
                 return {"error": f"bad flow {flow!r}: {err}"}
             return {"verdict": decided.to_dict()}
+
+    def verify(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Compare the live datapath with a computation from scratch (cni/agent/verify.py);
+        with ``repair``, make the differences good."""
+        from cni.agent import verify
+
+        try:
+            report, rebuilt = verify.verify(self.enforcer)
+        except verify.Busy as err:
+            return {"error": str(err)}
+        if request.get("repair") and report.differences:
+            verify.repair(self.enforcer, report, rebuilt)
+        return {"report": report.to_json()}

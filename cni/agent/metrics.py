@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -65,7 +65,18 @@ class Metrics:
             "(`sluicectl get policies` says why).",
             registry=self.registry,
         )
+        self.drift = Counter(
+            "sluice_policy_drift",
+            "Differences between the live datapath and a computation from scratch that the "
+            "periodic verification found twice in a row and repaired, by kind (resolver, "
+            "datapath, addresses, services).",
+            ["kind"],
+            registry=self.registry,
+        )
         self._server: Any = None
+
+    def count_drift(self, kind: str, count: int) -> None:
+        self.drift.labels(kind).inc(count)
 
     def count_refused(self, count: Callable[[], int]) -> None:
         """Where the number of refused policies is read at each scrape."""

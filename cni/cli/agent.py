@@ -37,6 +37,15 @@ from cni.cli.common import conf_option, load_conflist, netconf_of
     help="With the API: resolve every policy on this node (agent), or take the selectors "
     "resolved by `sluicectl controller` and watch only this node's share (controller).",
 )
+@click.option(
+    "--verify-interval",
+    type=click.FloatRange(min=0),
+    default=60.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Compare the live datapath with a computation from scratch this often, and "
+    "repair and count what drifted (sluice_policy_drift_total); 0: never.",
+)
 @click.option("--debug", is_flag=True, help="Log every policy install.")
 def agent(
     conf_path: str | None,
@@ -44,6 +53,7 @@ def agent(
     metrics_address: str | None,
     kubeconfig: str | None,
     resolver: str,
+    verify_interval: float,
     debug: bool,
 ) -> None:
     """Run the node agent for the network in --conf: serve the plugin's CNI calls on
@@ -70,6 +80,6 @@ def agent(
     from cni.agent.server import ServerError
 
     try:
-        Agent(conf, name, metrics_address, kubeconfig, in_cluster, resolver).run()
+        Agent(conf, name, metrics_address, kubeconfig, in_cluster, resolver, verify_interval).run()
     except (AlreadyServed, ServerError) as err:
         raise click.ClickException(str(err)) from None

@@ -299,3 +299,29 @@ def state_dir_of(conf_path: str | None, bpf_dir: str) -> str | None:
     if str(plugin.get("bpfDir", DEFAULT_BPF_DIR)) != bpf_dir:
         return None
     return str(plugin.get("stateDir", DEFAULT_STATE_DIR))
+
+
+@datapath.command()
+@conf_option
+@click.option("--repair", is_flag=True, help="Make the differences found good.")
+@output_option
+def verify(conf_path: str | None, repair: bool, output: str) -> None:
+    """Compare the live maps with what the agent computes from scratch: each endpoint's
+    rule sets, read back from the pinned maps, against its policy resolved anew from
+    the agent's objects; its addresses; the ClusterIPs. Exits 1 when they differ."""
+    from cni.cli.objects import ask
+
+    report = ask(conf_path, {"op": "verify", "repair": repair})["report"]
+    if output == "json":
+        click.echo(json.dumps(report, indent=2))
+    else:
+        for difference in report["differences"]:
+            click.echo(f"{difference['kind']:<9} {difference['subject']}: {difference['detail']}")
+        pending = f", {len(report['pending'])} pending" if report["pending"] else ""
+        click.echo(
+            f"{report['checked']} endpoint(s) checked{pending}, "
+            f"{len(report['differences'])} difference(s) in {report['seconds'] * 1000:.1f} ms"
+            + (" (repaired)" if repair and report["differences"] else "")
+        )
+    if report["differences"]:
+        raise SystemExit(1)

@@ -130,6 +130,10 @@ class PodPolicyResolver(ABC):
     def upsert_pod(self, pod: Pod) -> frozenset[PodKey]: ...
 
     @abstractmethod
+    def rebuilt(self) -> PodPolicyResolver:
+        """A fresh resolver of the same kind fed what this one holds."""
+
+    @abstractmethod
     def delete_pod(self, key: PodKey) -> frozenset[PodKey]: ...
 
     # Reading.
@@ -260,6 +264,20 @@ class PolicyIndex(PodPolicyResolver):
                 lambda service: service.key,
             ),
         }
+
+    def rebuilt(self) -> PolicyIndex:
+        """A fresh index fed every object this one holds, as a restarted agent would
+        be: what incremental updates must equal."""
+        fresh = PolicyIndex(self.node_name, local=self.local)
+        for namespace in self.store.namespaces.values():
+            fresh.upsert_namespace(namespace)
+        for pod in self.store.all_pods():
+            fresh.upsert_pod(pod)
+        for policy in self.store.policies.values():
+            fresh.upsert_policy(policy)
+        for service in self.store.services.values():
+            fresh.upsert_service(service)
+        return fresh
 
     # Reading.
 

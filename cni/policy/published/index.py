@@ -94,6 +94,18 @@ class ShardIndex(PodPolicyResolver):
             TargetsShard: shards(self._target_shards),
         }
 
+    def rebuilt(self) -> ShardIndex:
+        """A fresh index fed what this one holds (local pods, Services, every shard),
+        as a restarted agent would be: what incremental updates must equal."""
+        fresh = ShardIndex(self.node_name)
+        for pod in self.store.all_pods():
+            fresh.upsert_pod(pod)
+        fresh.replace_all(Service, list(self.store.services.values()))
+        fresh.replace_all(AddressShard, self._address_shards.every_held())
+        fresh.replace_all(PolicyShard, self._policy_shards.every_held())
+        fresh.replace_all(TargetsShard, self._target_shards.every_held())
+        return fresh
+
     # -- reading (the enforcer's interface) ----------------------------------------------
 
     def local_pods(self) -> frozenset[PodKey]:

@@ -61,6 +61,10 @@ class ShardSets(Generic[S]):
     def completes(self) -> dict[SetKey, tuple[S, ...]]:
         return dict(self._complete)
 
+    def every_held(self) -> list[S]:
+        """Every shard held, complete or not (what a relist would give again)."""
+        return [shard for held in self._held.values() for shard in held.values()]
+
     def put(self, shard: S) -> bool:
         """Hold a new or changed shard; True when the set's complete version changed."""
         key = shard.info.set_key
