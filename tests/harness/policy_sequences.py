@@ -1,0 +1,438 @@
+"""Random sequences of cluster changes for NetworkPolicy, and what they leave behind.
+
+A sequence is a list of steps (plain JSON, so a failing one prints as a runnable
+reproduction); each step creates, updates or deletes one object:
+
+    {"op": "namespace", "ns": "w", "labels": {"ns": "y"}}        create or relabel
+    {"op": "delete-namespace", "ns": "w"}                        with its pods
+    {"op": "pod", "ns": "x", "pod": "d", "labels": {...}, "ports": "swapped"}
+                                                                 create or relabel
+    {"op": "delete-pod", "ns": "x", "pod": "d"}
+    {"op": "policy", "ns": "x", "name": "p0", "spec": {...}}     create or update
+    {"op": "delete-policy", "ns": "x", "name": "p0"}
+
+Every step is valid in any state (a relabel of a missing pod creates it, a delete
+of a missing object does nothing), so any subsequence of a sequence is a sequence:
+that is what shrinking needs. Namespace names in steps are logical (x, y, ...);
+a runner maps them to real names (``World.real``). An ipBlock in a policy names
+pods instead of addresses (``{"cidrOf": "x/a", "prefix": 30, "exceptOf": ["x/b"]}``),
+resolved against the addresses pods have when the step runs.
+
+``World`` follows the steps as the API server would hold the objects; its
+``oracle_state()`` is what ``netpol_oracle`` judges.
+"""
+
+from __future__ import annotations
+
+import copy
+import ipaddress
+import json
+import random
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tests.harness.netpol_oracle import ClusterState, ContainerPortSpec, OraclePod
+
+Step = dict[str, Any]
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
+SERVED = ((80, "tcp"), (81, "tcp"), (80, "udp"), (81, "udp"))
+BASE_NAMESPACES = ("x", "y", "z")
+BASE_PODS = ("a", "b")
+EXTRA_NAMESPACES = ("w", "v")
+EXTRA_PODS = ("c", "d")
+POLICY_NAMES = ("p0", "p1", "p2")
+APPS = ("web", "db")
+ENVS = ("prod", "dev")
+
+
+def port_specs(flavour: str) -> tuple[ContainerPortSpec, ...]:
+    """A pod's container ports: every served (port, protocol), named
+    ``serve-<port>-<protocol>`` ("std"), or with the TCP names of 80 and 81 swapped
+    ("swapped"), so that a named port means different numbers on different pods."""
+    specs = []
+    for port, protocol in SERVED:
+        named = port
+        if flavour == "swapped" and protocol == "tcp":
+            named = 161 - port  # 80 <-> 81
+        specs.append(ContainerPortSpec(f"serve-{named}-{protocol}", port, protocol.upper()))
+    return tuple(specs)
+
+
+def base_steps() -> list[Step]:
+    """Namespaces x, y, z labelled ns=<name>, pods a and b in each labelled pod=<name>."""
+    steps: list[Step] = []
+    for ns in BASE_NAMESPACES:
+        steps.append({"op": "namespace", "ns": ns, "labels": {"ns": ns}})
+        for pod in BASE_PODS:
+            steps.append(
+                {"op": "pod", "ns": ns, "pod": pod, "labels": {"pod": pod}, "ports": "std"}
+            )
+    return steps
+
+
+@dataclass
+class WorldPod:
+    labels: dict[str, str]
+    ports: str  # flavour, fixed at creation
+    ip: str = ""
+
+
+@dataclass
+class World:
+    """The objects as the steps leave them (logical namespace names)."""
+
+    namespaces: dict[str, dict[str, str]] = field(default_factory=dict)
+    pods: dict[tuple[str, str], WorldPod] = field(default_factory=dict)
+    policies: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)  # resolved
+    real: Callable[[str], str] = lambda ns: ns
+
+    def copy(self) -> World:
+        return World(
+            copy.deepcopy(self.namespaces),
+            {k: WorldPod(dict(p.labels), p.ports, p.ip) for k, p in self.pods.items()},
+            copy.deepcopy(self.policies),
+            self.real,
+        )
+
+    # -- what a step does --------------------------------------------------------------------
+
+    def effects(self, step: Step) -> list[Step]:
+        """The step as explicit object writes, in order, given the current state: a pod
+        in a missing namespace creates the namespace first; a namespace's deletion is
+        its pods' too."""
+        op = step["op"]
+        if op == "pod" and step["ns"] not in self.namespaces:
+            return [{"op": "namespace", "ns": step["ns"], "labels": {"ns": step["ns"]}}, step]
+        if op == "delete-namespace" and step["ns"] not in self.namespaces:
+            return []
+        if op == "delete-pod" and (step["ns"], step["pod"]) not in self.pods:
+            return []
+        if op == "delete-policy" and (step["ns"], step["name"]) not in self.policies:
+            return []
+        if op == "policy" and step["ns"] not in self.namespaces:
+            return [{"op": "namespace", "ns": step["ns"], "labels": {"ns": step["ns"]}}, step]
+        return [step]
+
+    def apply(self, step: Step, ips: dict[tuple[str, str], str] | None = None) -> None:
+        """Record one explicit write (from ``effects``). ``ips``: addresses of new pods."""
+        op = step["op"]
+        if op == "namespace":
+            self.namespaces[step["ns"]] = dict(step["labels"])
+        elif op == "delete-namespace":
+            self.namespaces.pop(step["ns"], None)
+            for key in [k for k in self.pods if k[0] == step["ns"]]:
+                del self.pods[key]
+            for key in [k for k in self.policies if k[0] == step["ns"]]:
+                del self.policies[key]
+        elif op == "pod":
+            key = (step["ns"], step["pod"])
+            if key in self.pods:
+                self.pods[key].labels = dict(step["labels"])
+            else:
+                ip = (ips or {}).get(key, "")
+                self.pods[key] = WorldPod(dict(step["labels"]), step.get("ports", "std"), ip)
+        elif op == "delete-pod":
+            self.pods.pop((step["ns"], step["pod"]), None)
+        elif op == "policy":
+            self.policies[(step["ns"], step["name"])] = self.resolve_spec(step["spec"])
+        elif op == "delete-policy":
+            self.policies.pop((step["ns"], step["name"]), None)
+        else:
+            raise ValueError(f"unknown step {step!r}")
+
+    # -- names and addresses -----------------------------------------------------------------
+
+    def resolve_spec(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """The spec as the API server gets it: pod-named ipBlocks become CIDRs (of the
+        pods' addresses now; a pod without one lends a documentation address),
+        logical namespace names in kubernetes.io/metadata.name selectors become real."""
+
+        def address(ref: str) -> ipaddress.IPv4Address:
+            ns, name = ref.split("/")
+            pod = self.pods.get((ns, name))
+            return ipaddress.IPv4Address(pod.ip if pod and pod.ip else "192.0.2.1")
+
+        def walk(value: Any) -> Any:
+            if isinstance(value, dict):
+                if "cidrOf" in value:
+                    net = ipaddress.IPv4Network(
+                        f"{address(value['cidrOf'])}/{value['prefix']}", strict=False
+                    )
+                    block: dict[str, Any] = {"cidr": str(net)}
+                    excepts = [
+                        str(ipaddress.IPv4Network(f"{address(r)}/32"))
+                        for r in value.get("exceptOf", ())
+                    ]
+                    excepts = [
+                        e
+                        for e in dict.fromkeys(excepts)
+                        if ipaddress.IPv4Network(e).subnet_of(net) and e != str(net)
+                    ]
+                    if excepts:
+                        block["except"] = excepts
+                    return block
+                out = {k: walk(v) for k, v in value.items()}
+                if out.get("key") == NAMESPACE_NAME_LABEL and "values" in out:
+                    out["values"] = [self.real(v) for v in out["values"]]
+                if "matchLabels" in out and NAMESPACE_NAME_LABEL in out["matchLabels"]:
+                    labels = dict(out["matchLabels"])
+                    labels[NAMESPACE_NAME_LABEL] = self.real(labels[NAMESPACE_NAME_LABEL])
+                    out["matchLabels"] = labels
+                return out
+            if isinstance(value, list):
+                return [walk(v) for v in value]
+            return value
+
+        return walk(copy.deepcopy(spec))
+
+    def oracle_state(self) -> ClusterState:
+        state = ClusterState()
+        for ns, labels in self.namespaces.items():
+            state.namespaces[self.real(ns)] = {**labels, NAMESPACE_NAME_LABEL: self.real(ns)}
+        for (ns, name), pod in self.pods.items():
+            real = self.real(ns)
+            state.pods[(real, name)] = OraclePod(
+                real, name, pod.labels, pod.ip, port_specs(pod.ports)
+            )
+        for (ns, name), spec in self.policies.items():
+            state.policies[(self.real(ns), name)] = spec
+        return state
+
+
+# -- the generator ---------------------------------------------------------------------------
+
+
+class Generator:
+    """Random steps over a small vocabulary, so that selectors often match something."""
+
+    def __init__(self, rng: random.Random, max_pods: int = 9, max_policies: int = 3) -> None:
+        self.rng = rng
+        self.max_pods = max_pods
+        self.max_policies = max_policies
+
+    # labels and selectors
+
+    def pod_labels(self, name: str) -> dict[str, str]:
+        labels = {"pod": name}
+        if self.rng.random() < 0.4:
+            labels["app"] = self.rng.choice(APPS)
+        if self.rng.random() < 0.25:
+            labels["new-label"] = "abc"
+        return labels
+
+    def namespace_labels(self, name: str, world: World) -> dict[str, str]:
+        if self.rng.random() < 0.3 and world.namespaces:
+            # a namespace with another's labels (a "y-2" of "y")
+            twin = self.rng.choice(sorted(world.namespaces))
+            return dict(world.namespaces[twin])
+        labels = {"ns": name}
+        if self.rng.random() < 0.4:
+            labels["env"] = self.rng.choice(ENVS)
+        return labels
+
+    def _expression(self, keys: dict[str, tuple[str, ...]]) -> dict[str, Any]:
+        key = self.rng.choice(sorted(keys))
+        operator = self.rng.choice(("In", "NotIn", "Exists", "DoesNotExist"))
+        expression: dict[str, Any] = {"key": key, "operator": operator}
+        if operator in ("In", "NotIn"):
+            expression["values"] = sorted(
+                self.rng.sample(keys[key], self.rng.randint(1, min(2, len(keys[key]))))
+            )
+        return expression
+
+    def _selector(self, keys: dict[str, tuple[str, ...]]) -> dict[str, Any]:
+        roll = self.rng.random()
+        if roll < 0.2:
+            return {}
+        selector: dict[str, Any] = {}
+        if roll < 0.75:
+            key = self.rng.choice(sorted(keys))
+            selector["matchLabels"] = {key: self.rng.choice(keys[key])}
+        if roll >= 0.6:
+            selector["matchExpressions"] = [self._expression(keys)]
+        return selector
+
+    def pod_selector(self) -> dict[str, Any]:
+        return self._selector({"pod": BASE_PODS + EXTRA_PODS, "app": APPS, "new-label": ("abc",)})
+
+    def namespace_selector(self) -> dict[str, Any]:
+        names = BASE_NAMESPACES + EXTRA_NAMESPACES
+        if self.rng.random() < 0.15:
+            return {"matchLabels": {NAMESPACE_NAME_LABEL: self.rng.choice(names)}}
+        return self._selector({"ns": names, "env": ENVS})
+
+    # rules
+
+    def peer(self, world: World) -> dict[str, Any]:
+        roll = self.rng.random()
+        if roll < 0.35:
+            return {"podSelector": self.pod_selector()}
+        if roll < 0.6:
+            return {"namespaceSelector": self.namespace_selector()}
+        if roll < 0.8:
+            return {
+                "podSelector": self.pod_selector(),
+                "namespaceSelector": self.namespace_selector(),
+            }
+        pods = [f"{ns}/{name}" for ns, name in sorted(world.pods)] or ["x/a"]
+        block: dict[str, Any] = {
+            "cidrOf": self.rng.choice(pods),
+            "prefix": self.rng.choice((32, 30, 28, 24, 16)),
+        }
+        if self.rng.random() < 0.5:
+            block["exceptOf"] = self.rng.sample(pods, min(len(pods), self.rng.randint(1, 2)))
+        return {"ipBlock": block}
+
+    def port(self) -> dict[str, Any]:
+        roll = self.rng.random()
+        protocol = self.rng.choice(("TCP", "UDP", None))
+        port: dict[str, Any] = {}
+        if roll < 0.45:
+            port["port"] = self.rng.choice((80, 81, 53))
+            if self.rng.random() < 0.2:
+                port["port"] = 80
+                port["endPort"] = self.rng.choice((80, 81, 90))
+        elif roll < 0.8:
+            named_protocol = (protocol or "TCP").lower()
+            port["port"] = f"serve-{self.rng.choice((80, 81))}-{named_protocol}"
+        # else: no port number, every port of the protocol
+        if protocol is not None:
+            port["protocol"] = protocol
+        return port
+
+    def rule(self, world: World, peers_field: str) -> dict[str, Any]:
+        rule: dict[str, Any] = {}
+        roll = self.rng.random()
+        if roll < 0.15:
+            rule[peers_field] = []
+        elif roll < 0.85:
+            rule[peers_field] = [self.peer(world) for _ in range(self.rng.randint(1, 2))]
+        roll = self.rng.random()
+        if roll < 0.1:
+            rule["ports"] = []
+        elif roll < 0.75:
+            rule["ports"] = [self.port() for _ in range(self.rng.randint(1, 2))]
+        return rule
+
+    def policy_spec(self, world: World) -> dict[str, Any]:
+        spec: dict[str, Any] = {"podSelector": self.pod_selector()}
+        types = self.rng.choice((None, ["Ingress"], ["Egress"], ["Ingress", "Egress"]))
+        if types is not None:
+            spec["policyTypes"] = types
+        for field_name, peers_field in (("ingress", "from"), ("egress", "to")):
+            roll = self.rng.random()
+            if roll < 0.3:
+                continue  # absent
+            count = 0 if roll < 0.4 else self.rng.randint(1, 2)
+            spec[field_name] = [self.rule(world, peers_field) for _ in range(count)]
+        if (
+            types is None
+            and not spec.get("egress")
+            and "ingress" not in spec
+            and self.rng.random() < 0.5
+        ):
+            spec["egress"] = [self.rule(world, "to")]
+        return spec
+
+    # steps
+
+    def step(self, world: World) -> Step:
+        rng = self.rng
+        namespaces = sorted(world.namespaces) or list(BASE_NAMESPACES)
+        roll = rng.random()
+        if roll < 0.28:
+            if len(world.policies) >= self.max_policies and rng.random() < 0.7:
+                ns, name = rng.choice(sorted(world.policies))
+            else:
+                ns, name = rng.choice(namespaces), rng.choice(POLICY_NAMES)
+            return {"op": "policy", "ns": ns, "name": name, "spec": self.policy_spec(world)}
+        if roll < 0.36 and world.policies:
+            ns, name = rng.choice(sorted(world.policies))
+            return {"op": "delete-policy", "ns": ns, "name": name}
+        if roll < 0.56:
+            if world.pods and (len(world.pods) >= self.max_pods or rng.random() < 0.6):
+                ns, name = rng.choice(sorted(world.pods))  # relabel
+            else:
+                ns, name = rng.choice(namespaces), rng.choice(BASE_PODS + EXTRA_PODS)
+            return {
+                "op": "pod", "ns": ns, "pod": name, "labels": self.pod_labels(name),
+                "ports": rng.choice(("std", "std", "swapped")),
+            }  # fmt: skip
+        if roll < 0.68 and len(world.pods) > 3:
+            ns, name = rng.choice(sorted(world.pods))
+            return {"op": "delete-pod", "ns": ns, "pod": name}
+        if roll < 0.82:
+            ns = rng.choice(sorted(set(namespaces) | set(EXTRA_NAMESPACES)))
+            return {"op": "namespace", "ns": ns, "labels": self.namespace_labels(ns, world)}
+        if roll < 0.9:
+            # a new namespace with pods in one step is two steps: the pod creates it
+            ns = rng.choice(EXTRA_NAMESPACES)
+            name = rng.choice(BASE_PODS)
+            return {
+                "op": "pod",
+                "ns": ns,
+                "pod": name,
+                "labels": self.pod_labels(name),
+                "ports": "std",
+            }
+        candidates = [ns for ns in namespaces if sum(1 for k in world.pods if k[0] != ns) >= 3]
+        if candidates:
+            return {"op": "delete-namespace", "ns": rng.choice(candidates)}
+        return {
+            "op": "policy",
+            "ns": rng.choice(namespaces),
+            "name": rng.choice(POLICY_NAMES),
+            "spec": self.policy_spec(world),
+        }
+
+    def sequence(self, world: World, length: int) -> list[Step]:
+        """``length`` steps from ``world`` (which is left as it was)."""
+        scratch = world.copy()
+        steps = []
+        for number in range(length):
+            step = self.step(scratch)
+            steps.append(step)
+            for effect in scratch.effects(step):
+                scratch.apply(
+                    effect,
+                    {(effect.get("ns"), effect.get("pod")): f"198.51.100.{number + 1}"}
+                    if effect["op"] == "pod"
+                    else None,
+                )
+        return steps
+
+
+# -- shrinking ---------------------------------------------------------------------------------
+
+
+def shrink(steps: list[Step], fails: Callable[[list[Step]], bool], budget: int = 40) -> list[Step]:
+    """A shorter sequence that still fails (delta debugging: drop chunks, then single
+    steps), trying at most ``budget`` candidates; ``fails`` runs one candidate."""
+    current = list(steps)
+    tries = 0
+    chunk = max(1, len(current) // 2)
+    while chunk >= 1 and tries < budget:
+        start = 0
+        progressed = False
+        while start < len(current) and tries < budget:
+            candidate = current[:start] + current[start + chunk :]
+            if not candidate:
+                start += chunk
+                continue
+            tries += 1
+            if fails(candidate):
+                current = candidate
+                progressed = True
+            else:
+                start += chunk
+        if not progressed:
+            chunk //= 2
+    return current
+
+
+def reproduction(steps: Iterable[Step], seed: int | None = None) -> str:
+    """A command that replays ``steps`` (the base state first) on a test cluster."""
+    where = f" (seed {seed})" if seed is not None else ""
+    payload = json.dumps(list(steps), separators=(",", ":"))
+    return f"# replay{where}:\npython -m tests.harness.policy_fuzz replay '{payload}'"
