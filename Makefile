@@ -108,6 +108,18 @@ k8s-build: deps venv
 e2e: setup k8s-build
 	PATH="$(CURDIR)/$(TOOLS):$$PATH" $(PY) -m tests.harness e2e $(if $(NODES),--nodes $(NODES)) $(E2E_ARGS)
 
+# Random sequences of policy, pod, namespace and label changes on a single-node cluster,
+# every pod pair probed after each step and compared with an oracle written from the
+# NetworkPolicy specification (tests/harness/policy_fuzz.py), for FUZZ_SECONDS in each
+# resolver mode; a failure prints its shrunk sequence as a replay command.
+FUZZ_SECONDS ?= 600
+.PHONY: policy-fuzz
+policy-fuzz: setup k8s-build
+	PATH="$(CURDIR)/$(TOOLS):$$PATH" $(PY) -m tests.harness.policy_fuzz run \
+		--seconds $(FUZZ_SECONDS) --resolver agent $(FUZZ_ARGS)
+	PATH="$(CURDIR)/$(TOOLS):$$PATH" $(PY) -m tests.harness.policy_fuzz run \
+		--seconds $(FUZZ_SECONDS) --resolver controller $(FUZZ_ARGS)
+
 # --- The sluice image and kind ------------------------------------------------------
 # The sluice image (Dockerfile) and a kind node image are built offline on a Debian
 # 12 base made with debootstrap; a Docker daemon of the project's own starts when

@@ -81,8 +81,20 @@ class Busy(Exception):
     """The enforcer kept installing for the whole wait: nothing consistent to compare."""
 
 
-def _digest(rules: tuple[Any, ...] | None) -> bytes | None:
-    return None if rules is None else ruleset.digest(ruleset.compile_direction(rules))
+class _Digests:
+    """Rule set digests, each distinct rule tuple compiled once per verification (equal
+    policies are shared objects, so most lookups hit)."""
+
+    def __init__(self) -> None:
+        self._known: dict[tuple[Any, ...], bytes] = {}
+
+    def __call__(self, rules: tuple[Any, ...] | None) -> bytes | None:
+        if rules is None:
+            return None
+        found = self._known.get(rules)
+        if found is None:
+            found = self._known[rules] = ruleset.digest(ruleset.compile_direction(rules))
+        return found
 
 
 def _describe(digest: bytes | None) -> str:
@@ -111,6 +123,7 @@ def _compare(enforcer: Enforcer) -> tuple[Report, Any]:
     live = datapath.endpoints()
     peer_maps, rule_maps = readback.inner_map_ids(datapath)
     read: dict[int, bytes | None] = {}  # policy id -> digest of what its maps hold
+    digest = _Digests()
 
     def held(policy_id: int) -> bytes | None:
         if policy_id not in read:
@@ -135,9 +148,7 @@ def _compare(enforcer: Enforcer) -> tuple[Report, Any]:
             continue
         except KeyError:
             fresh = current  # a pod the resolver does not know: judged as the enforcer does
-        found = _compare_endpoint(
-            enforcer, key, record.ifindex, subject, current, fresh, live, held
-        )
+        found = _compare_endpoint(key, record.ifindex, subject, current, fresh, live, held, digest)
         report.differences.extend(found)
         for ip in record.ips:
             if ":" in ip:
@@ -168,7 +179,6 @@ def _compare(enforcer: Enforcer) -> tuple[Report, Any]:
 
 
 def _compare_endpoint(
-    enforcer: Enforcer,
     key: EndpointKey,
     ifindex: int,
     subject: str,
@@ -176,14 +186,15 @@ def _compare_endpoint(
     fresh: EndpointPolicy,
     live: dict[int, Any],
     held: Callable[[int], bytes | None],
+    digest: _Digests,
 ) -> list[Difference]:
     found: list[Difference] = []
     entry = live.get(ifindex)
     if entry is None:
         return [Difference("datapath", subject, f"no endpoint entry for ifindex {ifindex}", key)]
     for name, direction in (("ingress", DIR_INGRESS), ("egress", DIR_EGRESS)):
-        want = _digest(getattr(fresh, name))
-        have_resolved = _digest(getattr(current, name))
+        want = digest(getattr(fresh, name))
+        have_resolved = digest(getattr(current, name))
         if have_resolved != want:
             found.append(
                 Difference(

@@ -3,17 +3,26 @@ stopped (or killed) by their own pid, and the API state they publish."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
+import tempfile
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cni.kube.api import Api
 from cni.policy.published import objects
 from cni.policy.published.objects import ADDRESS_SET, POLICY_ENDPOINTS, POLICY_TARGETS
 from tests.harness.cni_run import SLUICECTL
+
+if TYPE_CHECKING:
+    from tests.harness.cluster import Cluster
+
+CRDS = Path(__file__).resolve().parents[2] / "conf" / "policyendpoints.yaml"
 
 # Fast enough for tests, ordered as leader election needs them.
 TEST_LEASE = ("--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "0.5")
@@ -107,3 +116,57 @@ def settled(api: Api, quiet: float = 1.5, timeout: float = 60.0) -> dict:
             return now
         last = now
     raise AssertionError(f"published objects still changing after {timeout:.0f} s")
+
+
+def controller_agent_argv(cluster: Cluster) -> list[str]:
+    from tests.harness.cluster import sluice_agent_argv
+
+    return [*sluice_agent_argv(cluster), "--resolver", "controller"]
+
+
+@dataclass
+class ControllerMode:
+    """A cluster whose agent resolves through ``sluicectl controller``'s objects."""
+
+    cluster: Cluster
+    logs: Path
+    controllers: list[ControllerProcess] = field(default_factory=list)
+
+    def start_controller(self) -> ControllerProcess:
+        number = len(self.controllers)
+        process = ControllerProcess(
+            self.cluster.kubeconfig_for("sluice-controller"),
+            self.logs / f"controller-{number}.log",
+            f"controller-{number}",
+        ).start()
+        self.controllers.append(process)
+        return process
+
+
+@contextlib.contextmanager
+def controller_mode(cluster: Cluster, logs: Path | None = None) -> Iterator[ControllerMode]:
+    """The cluster's agent restarted with ``--resolver controller``, a controller
+    running; afterwards the agent resolves on its own again and the CRDs are gone."""
+    from tests.harness.cluster import sluice_agent_argv
+    from tests.harness.waiting import eventually
+
+    cluster.kubectl("apply", "-f", str(CRDS))
+    cluster.kubectl("wait", "--for=condition=Established", "-f", str(CRDS))
+    with contextlib.ExitStack() as stack:
+        if logs is None:
+            logs = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="controllers-")))
+        mode = ControllerMode(cluster, logs)
+        try:
+            first = mode.start_controller()
+            eventually(
+                lambda: first.said("published") or first.said("term"), "the controller leads"
+            )
+            cluster.replace_agent(controller_agent_argv(cluster))
+            yield mode
+        finally:
+            cluster.replace_agent(sluice_agent_argv(cluster))
+            for process in mode.controllers:
+                process.stop()
+            cluster.kubectl(
+                "delete", "-f", str(CRDS), "--ignore-not-found", "--wait=true", timeout=120
+            )

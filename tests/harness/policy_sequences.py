@@ -211,13 +211,16 @@ class Generator:
         self.max_pods = max_pods
         self.max_policies = max_policies
 
-    # labels and selectors
+    # labels and selectors: mostly values that some pod or namespace has now, so that
+    # most policies select something and most changes move a verdict
 
     def pod_labels(self, name: str) -> dict[str, str]:
-        labels = {"pod": name}
-        if self.rng.random() < 0.4:
+        labels = {
+            "pod": name if self.rng.random() < 0.85 else self.rng.choice(BASE_PODS + EXTRA_PODS)
+        }
+        if self.rng.random() < 0.45:
             labels["app"] = self.rng.choice(APPS)
-        if self.rng.random() < 0.25:
+        if self.rng.random() < 0.35:
             labels["new-label"] = "abc"
         return labels
 
@@ -226,41 +229,53 @@ class Generator:
             # a namespace with another's labels (a "y-2" of "y")
             twin = self.rng.choice(sorted(world.namespaces))
             return dict(world.namespaces[twin])
-        labels = {"ns": name}
-        if self.rng.random() < 0.4:
+        labels = {"ns": name if self.rng.random() < 0.85 else self.rng.choice(BASE_NAMESPACES)}
+        if self.rng.random() < 0.5:
             labels["env"] = self.rng.choice(ENVS)
         return labels
 
     def _expression(self, keys: dict[str, tuple[str, ...]]) -> dict[str, Any]:
         key = self.rng.choice(sorted(keys))
-        operator = self.rng.choice(("In", "NotIn", "Exists", "DoesNotExist"))
+        operator = self.rng.choice(("In", "In", "NotIn", "Exists", "DoesNotExist"))
         expression: dict[str, Any] = {"key": key, "operator": operator}
         if operator in ("In", "NotIn"):
-            expression["values"] = sorted(
-                self.rng.sample(keys[key], self.rng.randint(1, min(2, len(keys[key]))))
-            )
+            count = self.rng.randint(1, min(2, len(keys[key])))
+            expression["values"] = sorted(self.rng.sample(keys[key], count))
         return expression
 
-    def _selector(self, keys: dict[str, tuple[str, ...]]) -> dict[str, Any]:
+    def _selector(
+        self, present: list[tuple[str, str]], keys: dict[str, tuple[str, ...]]
+    ) -> dict[str, Any]:
         roll = self.rng.random()
-        if roll < 0.2:
+        if roll < 0.15:
             return {}
+        if roll < 0.6 and present:
+            key, value = self.rng.choice(present)
+            return {"matchLabels": {key: value}}
         selector: dict[str, Any] = {}
-        if roll < 0.75:
+        if roll < 0.8:
             key = self.rng.choice(sorted(keys))
             selector["matchLabels"] = {key: self.rng.choice(keys[key])}
-        if roll >= 0.6:
+        if roll >= 0.7:
             selector["matchExpressions"] = [self._expression(keys)]
         return selector
 
-    def pod_selector(self) -> dict[str, Any]:
-        return self._selector({"pod": BASE_PODS + EXTRA_PODS, "app": APPS, "new-label": ("abc",)})
+    def pod_selector(self, world: World | None = None) -> dict[str, Any]:
+        present = sorted(
+            {kv for pod in (world.pods.values() if world else ()) for kv in pod.labels.items()}
+        )
+        return self._selector(
+            present, {"pod": BASE_PODS + EXTRA_PODS, "app": APPS, "new-label": ("abc",)}
+        )
 
-    def namespace_selector(self) -> dict[str, Any]:
+    def namespace_selector(self, world: World | None = None) -> dict[str, Any]:
         names = BASE_NAMESPACES + EXTRA_NAMESPACES
-        if self.rng.random() < 0.15:
+        if self.rng.random() < 0.12:
             return {"matchLabels": {NAMESPACE_NAME_LABEL: self.rng.choice(names)}}
-        return self._selector({"ns": names, "env": ENVS})
+        present = sorted(
+            {kv for labels in (world.namespaces.values() if world else ()) for kv in labels.items()}
+        )
+        return self._selector(present, {"ns": names, "env": ENVS})
 
     # rules
 
@@ -304,27 +319,29 @@ class Generator:
     def rule(self, world: World, peers_field: str) -> dict[str, Any]:
         rule: dict[str, Any] = {}
         roll = self.rng.random()
-        if roll < 0.15:
+        if roll < 0.08:
             rule[peers_field] = []
-        elif roll < 0.85:
+        elif roll < 0.92:
             rule[peers_field] = [self.peer(world) for _ in range(self.rng.randint(1, 2))]
         roll = self.rng.random()
-        if roll < 0.1:
+        if roll < 0.05:
             rule["ports"] = []
-        elif roll < 0.75:
+        elif roll < 0.85:
             rule["ports"] = [self.port() for _ in range(self.rng.randint(1, 2))]
         return rule
 
     def policy_spec(self, world: World) -> dict[str, Any]:
-        spec: dict[str, Any] = {"podSelector": self.pod_selector()}
-        types = self.rng.choice((None, ["Ingress"], ["Egress"], ["Ingress", "Egress"]))
+        spec: dict[str, Any] = {"podSelector": self.pod_selector(world)}
+        types = self.rng.choice(
+            (None, ["Ingress"], ["Egress"], ["Ingress", "Egress"], ["Ingress", "Egress"])
+        )
         if types is not None:
             spec["policyTypes"] = types
         for field_name, peers_field in (("ingress", "from"), ("egress", "to")):
             roll = self.rng.random()
-            if roll < 0.3:
+            if roll < 0.25:
                 continue  # absent
-            count = 0 if roll < 0.4 else self.rng.randint(1, 2)
+            count = 0 if roll < 0.45 else (1 if roll < 0.8 else 2)
             spec[field_name] = [self.rule(world, peers_field) for _ in range(count)]
         if (
             types is None
@@ -337,22 +354,32 @@ class Generator:
 
     # steps
 
-    def step(self, world: World) -> Step:
+    def policy_step(self, world: World) -> Step:
+        populated = sorted({ns for ns, _ in world.pods}) or sorted(world.namespaces) or ["x"]
+        if len(world.policies) >= self.max_policies and self.rng.random() < 0.7:
+            ns, name = self.rng.choice(sorted(world.policies))
+        else:
+            ns, name = self.rng.choice(populated), self.rng.choice(POLICY_NAMES)
+        return {"op": "policy", "ns": ns, "name": name, "spec": self.policy_spec(world)}
+
+    def step(self, world: World, roll: float | None = None) -> Step:
+        """A random step; ``roll`` picks its kind (the same roll, the same kind)."""
         rng = self.rng
         namespaces = sorted(world.namespaces) or list(BASE_NAMESPACES)
-        roll = rng.random()
-        if roll < 0.28:
-            if len(world.policies) >= self.max_policies and rng.random() < 0.7:
-                ns, name = rng.choice(sorted(world.policies))
-            else:
-                ns, name = rng.choice(namespaces), rng.choice(POLICY_NAMES)
-            return {"op": "policy", "ns": ns, "name": name, "spec": self.policy_spec(world)}
+        roll = rng.random() if roll is None else roll
+        if roll < 0.3:
+            return self.policy_step(world)
         if roll < 0.36 and world.policies:
             ns, name = rng.choice(sorted(world.policies))
             return {"op": "delete-policy", "ns": ns, "name": name}
         if roll < 0.56:
             if world.pods and (len(world.pods) >= self.max_pods or rng.random() < 0.6):
-                ns, name = rng.choice(sorted(world.pods))  # relabel
+                ns, name = rng.choice(sorted(world.pods))
+                return {
+                    "op": "pod", "ns": ns, "pod": name,
+                    "labels": self.relabelled(world.pods[(ns, name)].labels, world, "pod"),
+                    "ports": world.pods[(ns, name)].ports,
+                }  # fmt: skip
             else:
                 ns, name = rng.choice(namespaces), rng.choice(BASE_PODS + EXTRA_PODS)
             return {
@@ -364,7 +391,11 @@ class Generator:
             return {"op": "delete-pod", "ns": ns, "pod": name}
         if roll < 0.82:
             ns = rng.choice(sorted(set(namespaces) | set(EXTRA_NAMESPACES)))
-            return {"op": "namespace", "ns": ns, "labels": self.namespace_labels(ns, world)}
+            if ns in world.namespaces and rng.random() < 0.7:
+                labels = self.relabelled(world.namespaces[ns], world, "namespace")
+            else:
+                labels = self.namespace_labels(ns, world)
+            return {"op": "namespace", "ns": ns, "labels": labels}
         if roll < 0.9:
             # a new namespace with pods in one step is two steps: the pod creates it
             ns = rng.choice(EXTRA_NAMESPACES)
@@ -386,21 +417,85 @@ class Generator:
             "spec": self.policy_spec(world),
         }
 
-    def sequence(self, world: World, length: int) -> list[Step]:
-        """``length`` steps from ``world`` (which is left as it was)."""
-        scratch = world.copy()
-        steps = []
-        for number in range(length):
-            step = self.step(scratch)
-            steps.append(step)
-            for effect in scratch.effects(step):
-                scratch.apply(
-                    effect,
-                    {(effect.get("ns"), effect.get("pod")): f"198.51.100.{number + 1}"}
-                    if effect["op"] == "pod"
-                    else None,
+    def relabelled(self, labels: dict[str, str], world: World, kind: str) -> dict[str, str]:
+        """``labels`` with one label that some policy's selector reads now toggled (added,
+        changed or removed), so that the change moves what the selector picks."""
+        read = sorted(_selector_labels(world.policies.values(), kind))
+        if not read or self.rng.random() < 0.2:
+            fresh = self.pod_labels(labels.get("pod", "a")) if kind == "pod" else None
+            return fresh if fresh is not None else {**labels, "env": self.rng.choice(ENVS)}
+        key, value = self.rng.choice(read)
+        out = dict(labels)
+        if out.get(key) == value:
+            if key in ("pod", "ns") or self.rng.random() < 0.5:
+                out[key] = (
+                    value + "-2"
+                    if key not in ("pod", "ns")
+                    else self.rng.choice(
+                        (BASE_PODS + EXTRA_PODS) if kind == "pod" else BASE_NAMESPACES
+                    )
                 )
+            else:
+                del out[key]
+        else:
+            out[key] = value
+        return out
+
+    def sequence(self, world: World, length: int, tries: int = 4) -> list[Step]:
+        """``length`` steps from ``world`` (which is left as it was). Each step is of a
+        random kind, the first of up to ``tries`` candidates of that kind that moves a
+        verdict between pods that exist before and after it, so that few steps are
+        spent on changes nothing reads."""
+        scratch = world.copy()
+        steps: list[Step] = []
+        for number in range(length):
+            before = scratch.oracle_state().table(SERVED)
+            roll = self.rng.random()
+            for _ in range(tries):
+                # Changes under a policy are the interesting ones: start with one.
+                if number == 0 and not scratch.policies:
+                    step = self.policy_step(scratch)
+                else:
+                    step = self.step(scratch, roll)
+                after_world = scratch.copy()
+                _apply(after_world, step, f"198.51.100.{number + 1}")
+                after = after_world.oracle_state().table(SERVED)
+                if any(after.get(k, v) != v for k, v in before.items()):
+                    break
+            steps.append(step)
+            scratch = after_world
         return steps
+
+
+def _apply(world: World, step: Step, new_ip: str) -> None:
+    for effect in world.effects(step):
+        new_pod = effect["op"] == "pod" and (effect["ns"], effect["pod"]) not in world.pods
+        world.apply(effect, {(effect["ns"], effect["pod"]): new_ip} if new_pod else None)
+
+
+def _selector_labels(specs: Iterable[dict[str, Any]], kind: str) -> set[tuple[str, str]]:
+    """(key, value) pairs that the policies' pod (kind "pod") or namespace selectors read."""
+    found: set[tuple[str, str]] = set()
+
+    def selector(value: dict[str, Any] | None) -> None:
+        if not value:
+            return
+        found.update(
+            (k, v) for k, v in (value.get("matchLabels") or {}).items() if k != NAMESPACE_NAME_LABEL
+        )
+        for expression in value.get("matchExpressions") or ():
+            for v in expression.get("values") or ("abc",):
+                if expression["key"] != NAMESPACE_NAME_LABEL:
+                    found.add((expression["key"], v))
+
+    for spec in specs:
+        if kind == "pod":
+            selector(spec.get("podSelector"))
+        for rules, peers in (("ingress", "from"), ("egress", "to")):
+            for rule in spec.get(rules) or ():
+                for peer in rule.get(peers) or ():
+                    selector(peer.get("podSelector" if kind == "pod" else "namespaceSelector"))
+    return found
 
 
 # -- shrinking ---------------------------------------------------------------------------------

@@ -17,7 +17,6 @@ import urllib.parse
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,8 +24,13 @@ import pytest
 from cni.kube.api import Api
 from cni.policy.published import objects
 from cni.policy.published.objects import ADDRESS_SET, POLICY_ENDPOINTS
-from tests.harness.cluster import Cluster, sluice_agent_argv
-from tests.harness.controller import ControllerProcess, published
+from tests.harness.cluster import Cluster
+from tests.harness.controller import (
+    ControllerMode,
+    controller_agent_argv,
+    published,
+)
+from tests.harness.controller import controller_mode as controller_mode_of
 from tests.harness.e2e import NETPOL_SUBSET, NETPOL_SUBSET_FOCUS, NETPOL_SUBSET_SKIP, run_netpol
 from tests.harness.kube_matrix import KubeMatrix
 from tests.harness.waiting import eventually
@@ -42,50 +46,13 @@ from tests.node.agent.test_kubernetes import (
 pytest_plugins = ["tests.harness.fixtures"]
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
 
-CRDS = Path(__file__).resolve().parents[3] / "conf" / "policyendpoints.yaml"
-
-
-def controller_agent_argv(cluster: Cluster) -> list[str]:
-    return [*sluice_agent_argv(cluster), "--resolver", "controller"]
-
-
-@dataclass
-class ControllerMode:
-    cluster: Cluster
-    logs: Path
-    controllers: list[ControllerProcess] = field(default_factory=list)
-
-    def start_controller(self) -> ControllerProcess:
-        number = len(self.controllers)
-        process = ControllerProcess(
-            self.cluster.kubeconfig_for("sluice-controller"),
-            self.logs / f"controller-{number}.log",
-            f"controller-{number}",
-        ).start()
-        self.controllers.append(process)
-        return process
-
 
 @pytest.fixture(scope="module")
 def controller_mode(
     k8s_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ControllerMode]:
-    """The cluster's agent restarted with ``--resolver controller``, a controller
-    running; afterwards the agent resolves on its own again and the CRDs are gone."""
-    cluster = k8s_cluster
-    cluster.kubectl("apply", "-f", str(CRDS))
-    cluster.kubectl("wait", "--for=condition=Established", "-f", str(CRDS))
-    mode = ControllerMode(cluster, tmp_path_factory.mktemp("controllers"))
-    try:
-        first = mode.start_controller()
-        eventually(lambda: first.said("published") or first.said("term"), "the controller leads")
-        cluster.replace_agent(controller_agent_argv(cluster))
+    with controller_mode_of(k8s_cluster, tmp_path_factory.mktemp("controllers")) as mode:
         yield mode
-    finally:
-        cluster.replace_agent(sluice_agent_argv(cluster))
-        for process in mode.controllers:
-            process.stop()
-        cluster.kubectl("delete", "-f", str(CRDS), "--ignore-not-found", "--wait=true", timeout=120)
 
 
 def server_policy(namespace: str) -> dict[str, object]:

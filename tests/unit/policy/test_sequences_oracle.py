@@ -240,10 +240,13 @@ def digests(
 
 
 def base_world() -> World:
+    """The base state the generator starts from (addresses as ``run`` hands them out)."""
     world = World()
     for step in base_steps():
         for effect in world.effects(step):
-            world.apply(effect)
+            new_pod = effect["op"] == "pod" and (effect["ns"], effect["pod"]) not in world.pods
+            ips = {(effect["ns"], effect["pod"]): allocate(world)} if new_pod else None
+            world.apply(effect, ips)
     return world
 
 
