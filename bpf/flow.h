@@ -8,8 +8,10 @@
  * In order: the endpoint and its conntrack table (none: drop); from the
  * pod, only untagged IPv4 and ARP (ARP only with one of its addresses),
  * whatever the policy; to the pod, anything but IPv4 passes only a
- * direction that is not isolated; from the pod, headers that parse and one
- * of its own source addresses (always); later fragments follow their first
+ * direction that is not isolated; from the pod, headers that parse, one
+ * of its own source addresses, and no datagram to the tunnel's UDP port
+ * (a VXLAN packet made in a pod would be decapsulated by a node and its
+ * inner packet delivered with any source: always); later fragments follow their first
  * fragment; ICMP errors pass as related when they quote a flow the
  * endpoint tracks and are addressed to that flow's sender; to the pod,
  * the source's egress verdict after DNAT (services.h); known flows pass
@@ -115,6 +117,30 @@ static __always_inline int ct_recheck(void *table, struct sl_endpoint *ep, __u32
 	return 1;
 }
 
+/* UDP to the tunnel's port, whatever the address: every address of every node
+ * (a secondary one too) takes VXLAN there. A later fragment has no port, and
+ * is never put together without its first. */
+static __always_inline int to_tunnel_port(struct sl_packet *pkt)
+{
+	__u32 zero = 0;
+	struct sl_config *cfg;
+
+	if (pkt->flow.proto != IPPROTO_UDP || pkt->fragment == SL_FRAG_LATER)
+		return 0;
+	cfg = config.lookup(&zero);
+	return cfg && cfg->tunnel_port && pkt->flow.dport == cfg->tunnel_port;
+}
+
+/* Sent by the node itself (kubelet probes): made by one of its sockets and not
+ * forwarded from any interface. A forwarded packet has no socket (ip_forward
+ * drops one that has), whatever the kernel did to it on the way (reassembled
+ * and fragmented again for a smaller MTU, segmented), so a missing ingress
+ * index alone never makes a packet the node's. */
+static __always_inline int from_node(struct __sk_buff *skb)
+{
+	return skb->ingress_ifindex == 0 && skb->sk;
+}
+
 /* A later fragment has no ports: it goes where its first fragment went. */
 static __always_inline int handle_later_fragment(void *table, struct sl_endpoint *ep,
 						 __u32 ifindex, __u32 dir, struct sl_packet *pkt)
@@ -202,6 +228,8 @@ static __always_inline int handle_packet(struct __sk_buff *skb, __u32 dir)
 			       : verdict_pass(dir, SL_ALLOWED);
 	if (dir == SL_DIR_EGRESS && !own_address(ep, ifindex, pkt.flow.saddr))
 		return verdict_drop(ifindex, dir, SL_DROP_SPOOFED, &pkt.flow);
+	if (dir == SL_DIR_EGRESS && to_tunnel_port(&pkt))
+		return verdict_drop(ifindex, dir, SL_DROP_TUNNEL_PORT, &pkt.flow);
 	table = ct_table(ep);
 	if (!table)
 		return verdict_drop(ifindex, dir, SL_DROP_NO_ENDPOINT, &pkt.flow);
@@ -239,13 +267,12 @@ static __always_inline int handle_packet(struct __sk_buff *skb, __u32 dir)
 	}
 
 	/* A new flow, or a packet whose entry is gone. Traffic the node itself
-	 * sends to its pods (kubelet probes) was not forwarded from any
-	 * interface; traffic that came in from this very veth is the pod
-	 * reaching itself through a Service (hairpin). */
+	 * sends to its pods (kubelet probes) comes from one of its sockets;
+	 * traffic that came in from this very veth is the pod reaching itself
+	 * through a Service (hairpin). */
 	if (dir == SL_DIR_INGRESS && skb->ingress_ifindex == ifindex)
 		flags = SL_CT_SELF;
-	else if (dir == SL_DIR_INGRESS && skb->ingress_ifindex == 0 &&
-		 !(ep->flags & SL_EP_DENY_NODE))
+	else if (dir == SL_DIR_INGRESS && from_node(skb) && !(ep->flags & SL_EP_DENY_NODE))
 		flags = SL_CT_FROM_NODE;
 	if (flags || !isolated(ep, dir)) {
 		allowed = 1;

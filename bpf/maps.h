@@ -5,7 +5,8 @@
  * and a reload keeps endpoints, policies and conntrack.
  *
  * API (maps): endpoints, ep_by_ip, service_ips, peers, rules, ct_tables,
- * ep_stats, config, counters, event_budget, events; and for userspace only:
+ * ep_stats, config, counters, event_budget, events, pod_ranges, tunnel_peers;
+ * and for userspace only:
  * policy_index, ct_free, ct_dirty, ledger.
  *
  * Policies live in inner maps reached through two outer maps keyed by
@@ -43,12 +44,23 @@
 #define SL_MAX_CT_TABLES	(2 * SL_MAX_ENDPOINTS)
 #define SL_MAX_POD_IPS		(4 * SL_MAX_ENDPOINTS)
 #define SL_EVENTS_BYTES		(256 * 1024)
+/* Pod ranges of the cluster (a node's podCIDR, or each /28 it claimed) and the
+ * addresses of the nodes that are tunnel peers. */
+#define SL_MAX_POD_RANGES	65536
+#define SL_MAX_NODES		16384
 
 BPF_TABLE_PINNED("hash", __u32, struct sl_endpoint, endpoints, SL_MAX_ENDPOINTS,
 		 SL_PIN_DIR "/endpoints");
 /* Every address of every local pod -> its endpoint (anti-spoofing, Services). */
 BPF_TABLE_PINNED("hash", __be32, __u32, ep_by_ip, SL_MAX_POD_IPS, SL_PIN_DIR "/ep_by_ip");
 BPF_TABLE_PINNED("hash", __be32, __u32, service_ips, SL_MAX_SERVICES, SL_PIN_DIR "/service_ips",
+		 BPF_F_NO_PREALLOC);
+
+/* Who holds which pod range (sluice.h: struct sl_pod_range), and the node
+ * addresses the tunnel accepts packets from; both kept by the agent. */
+BPF_TABLE_PINNED("lpm_trie", struct sl_peer_key, struct sl_pod_range, pod_ranges,
+		 SL_MAX_POD_RANGES, SL_PIN_DIR "/pod_ranges", BPF_F_NO_PREALLOC);
+BPF_TABLE_PINNED("hash", __be32, __u32, tunnel_peers, SL_MAX_NODES, SL_PIN_DIR "/tunnel_peers",
 		 BPF_F_NO_PREALLOC);
 
 /* Templates for the inner maps (userspace creates the real ones). */

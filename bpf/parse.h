@@ -52,6 +52,7 @@ struct sl_packet {
 	struct sl_tuple flow;
 	struct sl_tuple inner;	/* valid when icmp_error */
 	__u32 tot_len;
+	__u32 l4;		/* offset of the transport header */
 	__be16 ip_id;
 	__u8 fragment;
 	__u8 icmp_error;
@@ -152,6 +153,7 @@ static __always_inline int parse_ipv4(struct __sk_buff *skb, __u32 l3, struct sl
 	if (l3 + pkt->tot_len > skb->len)
 		return -SL_DROP_MALFORMED;
 	l4 = l3 + ihl * 4;
+	pkt->l4 = l4;
 
 	pkt->flow.saddr = ip.saddr;
 	pkt->flow.daddr = ip.daddr;

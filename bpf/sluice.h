@@ -133,6 +133,19 @@ struct sl_ep_stats {
 /* ClusterIPs (service_ips: address -> flags). */
 #define SL_SVC_CLUSTER_IP	(1 << 0)
 
+/* The cluster's pod ranges and who holds each (pod_ranges: an LPM of struct
+ * sl_peer_key -> struct sl_pod_range), kept by the agent's route keeper:
+ * each other node's ranges with its InternalIP, this node's own, and the
+ * whole cluster range as held by nobody known. A packet from the node network
+ * whose source lies in them must come from the node that holds it. */
+#define SL_RANGE_LOCAL		(1 << 0)	/* this node's own: never from the network */
+#define SL_RANGE_UNOWNED	(1 << 1)	/* no node is known to hold it */
+
+struct sl_pod_range {
+	__be32 node;		/* the InternalIP of the node that holds it (0: none) */
+	__u32 flags;		/* SL_RANGE_* */
+};
+
 /* Tunables, in the single entry of the config array. Timeouts in seconds. */
 struct sl_config {
 	__u32 ct_tcp_syn;
@@ -144,7 +157,10 @@ struct sl_config {
 	__u32 events_per_second;	/* per CPU; 0 disables deny events */
 	__u32 events_burst;
 	__u32 ct_per_endpoint;		/* entries of each endpoint's table (userspace sizes them) */
-	__u32 pad;
+	__be16 tunnel_port;		/* UDP port of the node's tunnel; 0: routing is native */
+	__u16 pad;
+	__u32 tunnel_vni;		/* the tunnel's VXLAN network identifier */
+	__u32 pad2;
 };
 
 /* Rate-limited deny events, through the ring buffer. */

@@ -9,10 +9,12 @@
 #ifndef __SL_VOCABULARY_H__
 #define __SL_VOCABULARY_H__
 
-/* Directions, from the pod's point of view; each names one hook. */
+/* Directions, from the pod's point of view; each names one hook. The node's
+ * network is a third way in: what its uplinks receive (tcx ingress). */
 #define SL_DIR_EGRESS		0	/* from the pod: its egress; tcx ingress of the node-side veth */
 #define SL_DIR_INGRESS		1	/* to the pod: its ingress; tcx egress of the node-side veth */
-#define SL_DIRS			2
+#define SL_DIR_NETWORK		2	/* from the node network: tcx ingress of an uplink */
+#define SL_DIRS			3
 
 /* Reasons: counters are indexed by direction * SL_REASONS + reason. */
 #define SL_ALLOWED		0	/* passed: a new flow a rule allows, or a packet of a known flow */
@@ -27,6 +29,11 @@
 #define SL_ALLOWED_RELATED	9	/* an ICMP error about a flow the endpoint tracks */
 #define SL_DROP_ICMP_ERROR	10	/* an ICMP error that is too long, forged, or about no tracked flow */
 #define SL_DEFERRED_SERVICE	11	/* a new flow to a ClusterIP: judged after DNAT, on the backend */
-#define SL_REASONS		12
+#define SL_DROP_TUNNEL_PORT	12	/* from a pod to the tunnel's UDP port */
+#define SL_DROP_TUNNEL_PEER	13	/* on the tunnel port: not from a peer node, or an inner source
+					 * outside that peer's pod ranges */
+#define SL_DROP_FORGED_SOURCE	14	/* from the node network with a pod's source, not from the
+					 * node that holds it */
+#define SL_REASONS		15
 
 #endif /* __SL_VOCABULARY_H__ */

@@ -59,10 +59,33 @@ class Claim(NamedTuple):
     used: int  # addresses the holder has allocated or cooling in the block
     free: tuple[Block, ...] | None = None  # the block's free parts; None: not published
     released_at: float | None = None  # given back, kept until its cooldown is over
+    # The pool the claim states (None: none that reads as an IPv4 network).
+    pool: Block | None = None
 
     @property
     def held(self) -> bool:
         return self.released_at is None
+
+
+class PoolBlocks(NamedTuple):
+    """A pool and the length of its blocks: every claim of the pool is one of them."""
+
+    pool: Block
+    prefix_length: int
+
+    def misfit(self, block: Block, stated_pool: Block | None) -> str | None:
+        """Why a claim of ``block`` stating ``stated_pool`` is not one block of the pool
+        (None: it is). Every node routes a claimed block to its holder, so a claim of
+        anything else (the cloud metadata address, the node network, a prefix over
+        other nodes' blocks) is refused: never routed, adopted or counted as taken."""
+        if stated_pool != self.pool:
+            stated = "no IPv4 pool" if stated_pool is None else f"pool {stated_pool}"
+            return f"it states {stated}, not {self.pool}"
+        if not block.subnet_of(self.pool):
+            return f"{block} is outside pool {self.pool}"
+        if block.prefixlen != self.prefix_length:
+            return f"{block} is a /{block.prefixlen}, not a /{self.prefix_length} block"
+        return None
 
 
 class Shortage(NamedTuple):
@@ -183,6 +206,7 @@ class LocalClaimStore:
                 claimed_at,
                 used,
                 tuple(ipaddress.IPv4Network(n) for n in json.loads(free)) if free else None,
+                pool=self.pool,  # one pool per database
             )
             for cidr, node, network, claimed_at, used, free in rows
         ]

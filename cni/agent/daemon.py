@@ -19,10 +19,13 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
 from typing import Any
+
+from pyroute2 import IPRoute
 
 from cni.agent import prefix_claims, routes
 from cni.agent.enforcer import Enforcer
@@ -30,6 +33,7 @@ from cni.agent.handlers import Handlers
 from cni.agent.instance_lock import InstanceLock
 from cni.agent.kube_source import COLLECTIONS, KubernetesSource
 from cni.agent.local_store import LocalStore
+from cni.agent.pod_ranges import PodRangeKeeper
 from cni.agent.server import AgentServer, prepare_directory
 from cni.agent.shard_source import controller_collections
 from cni.agent.state import AgentState, EndpointRecord
@@ -46,6 +50,7 @@ from cni.plugin.verbs import delete
 from cni.policy.published.index import ShardIndex
 from cni.spec.attachment import Attachment
 from cni.spec.errors import CNIError
+from ipam.config import NodeCIDRConfig
 
 log = logging.getLogger("sluice.agent")
 
@@ -114,6 +119,7 @@ class Agent:
             log.info("compiled and pinned the datapath in %s", conf.bpf_dir)
         # The one handle on the datapath that everything in the agent works with.
         self.datapath = Datapath(conf.bpf_dir)
+        self._configure_tunnel()
         self._attach_uplinks()
         self.reaper = Reaper(self.datapath)
         self.reaper.start()
@@ -128,10 +134,14 @@ class Agent:
             self.metrics.registry.register(self.claims.collector())
         # Routes to the other nodes' pods: kept from the API, apart from the socket (a
         # pod on this node needs none of them to start).
+        self.pod_ranges = PodRangeKeeper(self.datapath, conf.routing == "vxlan")
         self.routes = routes.for_agent(
-            conf, self.node_name, self.kubeconfig, self.from_api, self._judge_uplink
-        )
-        if self.routes is not None:
+            conf, self.node_name, self.kubeconfig, self.from_api, self._judge_uplink,
+            self.pod_ranges,
+        )  # fmt: skip
+        if self.routes is None:
+            self._own_pod_ranges()
+        else:
             self.routes.start()
             self.metrics.registry.register(self.routes.collector())
         by_controller = self.resolver == "controller"
@@ -227,6 +237,22 @@ class Agent:
         self.datapath.close()
         for lock in self.locks:
             lock.release()
+
+    def _configure_tunnel(self) -> None:
+        """The tunnel's port and VNI in the datapath's config (0: native routing, no
+        tunnel to guard): before any route goes through the tunnel."""
+        vxlan = self.conf.routing == "vxlan"
+        self.datapath.set_config(
+            tunnel_port=socket.htons(self.conf.tunnel_port) if vxlan else 0,
+            tunnel_vni=self.conf.tunnel_vni if vxlan else 0,
+        )
+
+    def _own_pod_ranges(self) -> None:
+        """Without the API there are no other nodes: only this node's own range (and
+        the cluster's) is never accepted from the network."""
+        own = [self.conf.ipam.address_range] if isinstance(self.conf.ipam, NodeCIDRConfig) else []
+        with IPRoute() as ipr:
+            self.pod_ranges.update(ipr, {}, own, self.conf.cluster_cidr, complete=True)
 
     def _attach_uplinks(self) -> None:
         """The program that judges service flows to backends on other nodes, on the

@@ -172,6 +172,14 @@ class _ClaimMetrics(Collector):
         )
         conflicts.add_metric(network, store.conflicts)
         yield conflicts
+        refused = GaugeMetricFamily(
+            "sluice_ipam_claims_refused",
+            "PrefixClaims that state or overlap the pool but are no block of it (another "
+            "length, outside it, another pool): neither adopted nor taken (logged).",
+            labels=["network"],
+        )
+        refused.add_metric(network, len(store.refused))
+        yield refused
         if not store.synced.is_set():
             return
         try:

@@ -15,23 +15,28 @@ from typing import NamedTuple
 
 from cni.kube.nodes import NodeAddressing
 from cni.net.peer_routes import PeerRoute
+from ipam.claims import PoolBlocks
 
 Network = ipaddress.IPv4Network
 Address = ipaddress.IPv4Address
 
 
 class Claimed(NamedTuple):
-    """A prefix a node holds (prefix mode)."""
+    """A prefix a node holds (prefix mode), and the pool its claim states."""
 
     prefix: Network
     node: str
+    pool: Network | None
 
 
 class Desired(NamedTuple):
     routes: dict[Network, PeerRoute]
-    # Ranges left out, with why (they overlap this node's own or another node's, or
-    # their node's InternalIP is a pod address): reported, never routed.
+    # Ranges left out, with why (a claim that is no block of the pool, a range that
+    # overlaps this node's own or another node's, a node whose InternalIP is a pod
+    # address): reported, never routed.
     skipped: dict[Network, str]
+    # This node's own ranges (its podCIDR, or the prefixes it holds).
+    own: tuple[Network, ...] = ()
 
 
 def desired_routes(
@@ -40,27 +45,42 @@ def desired_routes(
     own_ranges: Iterable[Network],
     tunnel: bool,
     claims: Iterable[Claimed] | None = None,
+    blocks: PoolBlocks | None = None,
 ) -> Desired:
     """One route per remote pod range via its node's InternalIP: the nodes' podCIDRs,
     or with ``claims`` (prefix mode) each prefix another node holds.
 
-    Node objects are input, not truth: node IPAM never hands out overlapping ranges,
-    so two nodes' ranges that overlap (a misconfiguration, or a Node written to take
-    over another's pods) are both left out, whatever their order; picking one would
-    let the other's traffic go where the newcomer says. A node whose InternalIP is a
-    pod address (inside any pod range) gets no route either: the route would hand
-    that range's traffic to a pod."""
+    Node objects and claims are input, not truth. A claim counts only as one block of
+    the pool (``blocks``: the pool stated, the prefix inside it, of its length); any
+    other (the cloud metadata address, the node network, a prefix over other nodes'
+    blocks) is left out and takes no part below, so it can neither divert traffic
+    nor, by overlapping, take other nodes' routes away. Node IPAM never hands out
+    overlapping ranges, so two nodes' ranges that overlap (a misconfiguration, or a
+    Node written to take over another's pods) are both left out, whatever their
+    order; picking one would let the other's traffic go where the newcomer says. A
+    node whose InternalIP is a pod address (inside any pod range) gets no route
+    either: the route would hand that range's traffic to a pod."""
     by_name = {n.name: n for n in nodes}
+    skipped: dict[Network, str] = {}
     ranges: list[tuple[Network, str]]
     if claims is None:
         ranges = [(cidr, n.name) for n in by_name.values() for cidr in n.pod_cidrs]
+    elif blocks is None:
+        raise ValueError("claims are routed only against the pool they must be blocks of")
     else:
-        ranges = [(c.prefix, c.node) for c in claims]
+        ranges = []
+        for claim in claims:
+            why = blocks.misfit(claim.prefix, claim.pool)
+            if why is None:
+                ranges.append((claim.prefix, claim.node))
+            else:
+                skipped[claim.prefix] = (
+                    f"node {claim.node}'s PrefixClaim of {claim.prefix} is refused: {why}"
+                )
     ranges = sorted(set(ranges), key=lambda r: (r[0], r[1]))
     own = [*own_ranges, *(dst for dst, name in ranges if name == own_node)]
     pod_ranges = [*own, *(dst for dst, _ in ranges)]
     candidates: list[tuple[Network, str, Address]] = []
-    skipped: dict[Network, str] = {}
     for dst, name in ranges:
         node = by_name.get(name)
         if name == own_node or node is None or node.internal_ip is None:
@@ -84,7 +104,7 @@ def desired_routes(
             )
             continue
         routes[dst] = PeerRoute(dst, gateway, tunnel)
-    return Desired(routes, skipped)
+    return Desired(routes, skipped, tuple(dict.fromkeys(own)))
 
 
 class RoutePlan(NamedTuple):

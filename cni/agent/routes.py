@@ -29,6 +29,7 @@ from prometheus_client.registry import Collector
 from pyroute2 import IPRoute
 
 from cni.agent import route_plan
+from cni.agent.pod_ranges import PodRangeKeeper
 from cni.agent.prefix_claims import uses_api_claims
 from cni.kube import nodes, prefixclaims
 from cni.kube.api import Api
@@ -39,6 +40,7 @@ from cni.net.peer_routes import PeerRouteError
 from cni.net.vxlan import TunnelError
 from cni.plugin.netconf import NetConf
 from cni.spec.errors import CNIError
+from ipam.claims import PoolBlocks
 from ipam.config import NodeCIDRConfig, PrefixConfig
 
 log = logging.getLogger("sluice.routes")
@@ -53,14 +55,16 @@ def for_agent(
     kubeconfig: str | None,
     from_api: bool,
     judge_uplink: Callable[[str], None],
+    pod_ranges: PodRangeKeeper | None = None,
 ) -> RouteKeeper | None:
     """The network's route keeper when the agent reads the API, else None (a single
-    host has no other nodes). ``judge_uplink(name)`` attaches the program that judges
-    service flows leaving through an interface; the tunnel gets it before any route
-    goes through it."""
+    host has no other nodes). ``judge_uplink(name)`` attaches the programs that judge
+    service flows leaving through an interface and what arrives through it; the
+    tunnel gets them before any route goes through it. ``pod_ranges`` is told who
+    holds which range after every pass."""
     if not from_api:
         return None
-    return RouteKeeper(conf, node_name, Api(kubeconfig), judge_uplink)
+    return RouteKeeper(conf, node_name, Api(kubeconfig), judge_uplink, pod_ranges)
 
 
 def _parse_claim(obj: dict[str, Any]) -> route_plan.Claimed | None:
@@ -69,7 +73,7 @@ def _parse_claim(obj: dict[str, Any]) -> route_plan.Claimed | None:
     except prefixclaims.ClaimFormatError as err:
         log.warning("ignoring a PrefixClaim: %s", err)
         return None
-    return route_plan.Claimed(claim.block, claim.node)
+    return route_plan.Claimed(claim.block, claim.node, claim.pool)
 
 
 class RouteKeeper:
@@ -79,8 +83,11 @@ class RouteKeeper:
         node_name: str,
         api: Api,
         judge_uplink: Callable[[str], None] | None = None,
+        pod_ranges: PodRangeKeeper | None = None,
     ) -> None:
         self.conf = conf
+        # The uplinks' view of who holds which range (cni/agent/pod_ranges.py).
+        self.pod_ranges = pod_ranges
         self.node_name = node_name
         self.api = api
         self.tunnel = conf.routing == "vxlan"
@@ -89,10 +96,12 @@ class RouteKeeper:
         self.nodes: dict[str, NodeAddressing] = {}
         # prefix mode with the claims in the API: prefix -> holder; else None
         self.claims: dict[ipaddress.IPv4Network, route_plan.Claimed] | None = None
+        self.blocks: PoolBlocks | None = None  # what each of those claims must be
         self.informers = [Informer(api, "nodes", nodes.PATH, nodes.parse_node, self)]
         if uses_api_claims(conf.ipam):
             assert isinstance(conf.ipam, PrefixConfig)
             self.claims = {}
+            self.blocks = PoolBlocks(conf.ipam.pool, conf.ipam.prefix_length)
             selector = f"{prefixclaims.POOL_LABEL}={prefixclaims.label_of(conf.ipam.pool)}"
             self.informers.append(
                 Informer(
@@ -191,10 +200,13 @@ class RouteKeeper:
             log.info("not every collection is listed yet: routes are added, none removed")
             self._said_partial = True
         desired = route_plan.desired_routes(
-            known, self.node_name, self._own_ranges(), self.tunnel, claims
+            known, self.node_name, self._own_ranges(), self.tunnel, claims, self.blocks
         )
-        for dst, why in desired.skipped.items():
-            self._report(f"skip {dst}", f"no route to {dst}: {why}")
+        skips = {f"skip {dst}": f"no route to {dst}: {why}" for dst, why in desired.skipped.items()}
+        for what in [w for w in self._errors if w.startswith("skip ") and w not in skips]:
+            del self._errors[what]  # its Node or claim is gone or mended: no longer a problem
+        for what, message in skips.items():
+            self._report(what, message)
         cluster = self.conf.cluster_cidr
         if self.conf.ip_masq and cluster is not None:
             for dst in desired.routes:
@@ -233,6 +245,9 @@ class RouteKeeper:
                     f"blocked {dst}",
                     f"not routing {dst}: a route of another protocol to it is there",
                 )
+            if self.pod_ranges is not None:
+                held = {dst: route.gateway for dst, route in routes.items()}
+                self.pod_ranges.update(ipr, held, desired.own, cluster, complete)
         self.passes += 1
         self.kept = len(routes) - len(steps.blocked)
         if complete:
@@ -256,8 +271,16 @@ class RouteKeeper:
         mtu = (vxlan.uplink_mtu(ipr, own.internal_ip) or DEFAULT_UPLINK_MTU) - (
             self.conf.encapsulation_overhead
         )
+        own_range = self._own_ranges()[0] if self._own_ranges() else None
         try:
-            tunnel = vxlan.ensure(ipr, own.internal_ip, mtu)
+            tunnel = vxlan.ensure(
+                ipr,
+                own.internal_ip,
+                mtu,
+                self.conf.tunnel_port,
+                self.conf.tunnel_vni,
+                vxlan.tunnel_address(own_range),
+            )
         except TunnelError as err:
             self._report("tunnel", str(err))
             return None
@@ -314,7 +337,9 @@ class _RouteMetrics(Collector):
         yield kept
         problems = GaugeMetricFamily(
             "sluice_node_route_problems",
-            "Ranges or tunnel parts the route keeper could not set up as wanted (logged).",
+            "Ranges the route keeper leaves out (a PrefixClaim that is no block of the pool, "
+            "overlapping ranges, an InternalIP that is a pod address) or tunnel parts it "
+            "could not set up as wanted (logged).",
             labels=labels,
         )
         problems.add_metric(values, self.keeper.problems)

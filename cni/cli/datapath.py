@@ -207,7 +207,7 @@ def show(conf_path: str | None, bpf_dir: str | None, output: str) -> None:
     state = "current" if report["current"] else "from another source (sluicectl datapath load)"
     click.echo(f"datapath {report['bpfDir']}  ({state})")
     for name, prog in report["programs"].items():
-        click.echo(f"  program {name:<9} id {prog['id']:<6} tag {prog['tag']}")
+        click.echo(f"  program {name:<12} id {prog['id']:<6} tag {prog['tag']}")
     fills = "  ".join(f"{n} {f['entries']}/{f['max']}" for n, f in report["mapFill"].items())
     click.echo(f"  maps     {fills}")
     click.echo(
@@ -243,9 +243,15 @@ def counters(conf_path: str | None, bpf_dir: str | None, output: str) -> None:
     if output == "json":
         click.echo(json.dumps(totals, indent=2))
         return
-    click.echo(f"{'REASON':<20}{'EGRESS (from pods)':>20}{'INGRESS (to pods)':>20}")
+    headings = {
+        "egress": "EGRESS (from pods)",
+        "ingress": "INGRESS (to pods)",
+        "network": "NETWORK (in)",
+    }
+    columns = [d for d in headings if d in totals]
+    click.echo(f"{'REASON':<20}" + "".join(f"{headings[d]:>20}" for d in columns))
     for reason in totals["egress"]:
-        click.echo(f"{reason:<20}{totals['egress'][reason]:>20}{totals['ingress'][reason]:>20}")
+        click.echo(f"{reason:<20}" + "".join(f"{totals[d][reason]:>20}" for d in columns))
 
 
 @datapath.command()

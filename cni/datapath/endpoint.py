@@ -43,7 +43,10 @@ from cni.spec.errors import ERR_CHECK_FAILED, ERR_KERNEL, CNIError
 
 # program -> (tcx attach type, clsact parent)
 HOOKS = {"from_pod": (bpf.TCX_INGRESS, "ffff:fff2"), "to_pod": (bpf.TCX_EGRESS, "ffff:fff3")}
-UPLINK_HOOKS = {"uplink": (bpf.TCX_EGRESS, "ffff:fff3")}
+UPLINK_HOOKS = {
+    "uplink": (bpf.TCX_EGRESS, "ffff:fff3"),
+    "from_network": (bpf.TCX_INGRESS, "ffff:fff2"),
+}
 FILTER_HANDLE = 1
 FILTER_PRIO = 1
 LINKS = "links"
@@ -321,8 +324,9 @@ def release_links(datapath: Datapath, ifindex: int) -> None:
 
 
 def attach_uplink(datapath: Datapath, ipr: Rtnl, name: str) -> int:
-    """Judge service flows leaving the node through ``name`` (an Ethernet device);
-    return its ifindex. Idempotent."""
+    """Judge service flows leaving the node through ``name`` (an Ethernet device), and
+    what it receives from the node network (pod sources, the tunnel); return its
+    ifindex. Idempotent."""
     # Asked over rtnetlink, not sysfs: a process that entered a network namespace
     # without remounting /sys still sees the host's /sys/class/net.
     try:
@@ -347,10 +351,9 @@ def detach_uplink(datapath: Datapath, ipr: Rtnl, name: str) -> None:
         if os.path.exists(link_path(datapath.bpf_dir, ifindex, "uplink")):
             _unpin_links(datapath, ifindex, UPLINK_HOOKS)
             return
-    with contextlib.suppress(NetlinkError):
-        ipr.delete_bpf_filter(
-            ifindex, _parent(UPLINK_HOOKS["uplink"][1]), FILTER_HANDLE, FILTER_PRIO
-        )
+    for _, parent in UPLINK_HOOKS.values():
+        with contextlib.suppress(NetlinkError):
+            ipr.delete_bpf_filter(ifindex, _parent(parent), FILTER_HANDLE, FILTER_PRIO)
 
 
 def uplinks(datapath: Datapath) -> list[int]:
@@ -392,7 +395,10 @@ def switch_programs(datapath: Datapath, ifindexes: list[int]) -> None:
 
 def _update_links(datapath: Datapath, ifindex: int, hooks: dict[str, tuple[int, str]]) -> None:
     for program in hooks:
-        link_fd = bpf.obj_get(link_path(datapath.bpf_dir, ifindex, program))
+        path = link_path(datapath.bpf_dir, ifindex, program)
+        if program in UPLINK_HOOKS and not os.path.exists(path):
+            continue  # an uplink of an earlier build: the agent attaches what it lacks
+        link_fd = bpf.obj_get(path)
         prog_fd = _program_fd(datapath, program)
         try:
             bpf.link_update(link_fd, prog_fd)

@@ -186,9 +186,12 @@ def _refuse_other_layout(bpf_dir: str, settings: DatapathSettings | None) -> Non
 
 def _unpin_all(bpf_dir: str) -> list[int]:
     """Unpin an incompatible datapath, keeping the links; return their endpoints."""
+    from cni.datapath.endpoint import UPLINK_HOOKS
+
     links = os.path.join(bpf_dir, "links")
+    uplink_programs = tuple(f"_{program}" for program in UPLINK_HOOKS)
     kept = sorted(
-        {int(p.split("_", 1)[0]) for p in os.listdir(links) if not p.endswith("_uplink")}
+        {int(p.split("_", 1)[0]) for p in os.listdir(links) if not p.endswith(uplink_programs)}
         if os.path.isdir(links)
         else set()
     )

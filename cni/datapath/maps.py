@@ -19,14 +19,16 @@ where they can be, and counted.
 from __future__ import annotations
 
 import ctypes
+import ipaddress
 import os
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, NamedTuple, Protocol
 
 from cni.datapath import bpf, rcu
 from cni.datapath.lock import StateLock
 from cni.datapath.structs import (
+    COUNTED_DIRECTIONS,
     DIRECTIONS,
     NONE,
     REASONS,
@@ -38,6 +40,8 @@ from cni.datapath.structs import (
     EpStats,
     EventBudget,
     Ledger,
+    PeerKey,
+    PodRange,
     PolicyDigest,
     ip_be,
     ip_str,
@@ -60,10 +64,20 @@ MAP_LAYOUT = {
     "ct_free": (U32, U32),
     "ct_dirty": (U32, U32),
     "ledger": (U32, ctypes.sizeof(Ledger)),
+    "pod_ranges": (ctypes.sizeof(PeerKey), ctypes.sizeof(PodRange)),
+    "tunnel_peers": (U32, U32),
 }
 DEFAULT_CT_ENTRIES = 4096
 MAPS = (*MAP_LAYOUT, "events")
-PROGRAMS = ("from_pod", "to_pod", "uplink")
+PROGRAMS = ("from_pod", "to_pod", "uplink", "from_network")
+
+
+class PodRangeHolder(NamedTuple):
+    """Who holds a pod range: a node's InternalIP (None for this node's own ranges and
+    for ranges no known node holds), and the entry's flags (RANGE_*)."""
+
+    node: str | None
+    flags: int = 0
 
 
 class DatapathMissing(Exception):
@@ -335,6 +349,42 @@ class Datapath:
     def service_ips(self) -> set[str]:
         return {ip_str(k.value) for k in self.keys("service_ips", ctypes.c_uint32)}
 
+    # -- the node network: who holds which pod range, the tunnel's peers -----------------
+
+    def set_pod_ranges(self, ranges: Mapping[ipaddress.IPv4Network, PodRangeHolder]) -> None:
+        """Make ``pod_ranges`` exactly ``ranges``. Safe while traffic flows: new and
+        changed entries are written before stale ones go."""
+        fd = self.fd("pod_ranges")
+        for network, holder in ranges.items():
+            node = ip_be(holder.node) if holder.node else 0
+            bpf.map_update(fd, _range_key(network), PodRange(node, holder.flags))
+        for network in set(self.pod_ranges()) - set(ranges):
+            bpf.map_delete(fd, _range_key(network))
+
+    def pod_ranges(self) -> dict[ipaddress.IPv4Network, PodRangeHolder]:
+        fd = self.fd("pod_ranges")  # an LPM trie has no batch lookup: key by key
+        found = {}
+        for key in list(iterate(fd, PeerKey)):
+            value = PodRange()
+            if bpf.map_lookup(fd, key, value):
+                network = ipaddress.IPv4Network(f"{ip_str(key.addr)}/{key.prefixlen}")
+                node = ip_str(value.node) if value.node else None
+                found[network] = PodRangeHolder(node, value.flags)
+        return found
+
+    def set_tunnel_peers(self, addresses: Iterable[str]) -> None:
+        """Make ``tunnel_peers`` exactly ``addresses`` (new ones first)."""
+        wanted = {ip_be(ip) for ip in addresses}
+        fd = self.fd("tunnel_peers")
+        for address in wanted:
+            bpf.map_update(fd, ctypes.c_uint32(address), ctypes.c_uint32(1))
+        for key in list(self.keys("tunnel_peers", ctypes.c_uint32)):
+            if key.value not in wanted:
+                bpf.map_delete(fd, key)
+
+    def tunnel_peers(self) -> set[str]:
+        return {ip_str(k.value) for k in self.keys("tunnel_peers", ctypes.c_uint32)}
+
     # -- conntrack ------------------------------------------------------------------------
 
     def ct_capacity(self) -> int:
@@ -462,7 +512,7 @@ class Datapath:
         """{direction: {reason: packets}}, summed over CPUs."""
         cpus = bpf.possible_cpus()
         totals: dict[str, dict[str, int]] = {}
-        for direction, dir_name in DIRECTIONS.items():
+        for direction, dir_name in COUNTED_DIRECTIONS.items():
             totals[dir_name] = {}
             for index, reason in enumerate(REASONS):
                 values = (ctypes.c_uint64 * cpus)()
@@ -470,6 +520,10 @@ class Datapath:
                 bpf.map_lookup(self.fd("counters"), key, values)
                 totals[dir_name][reason] = sum(values)
         return totals
+
+
+def _range_key(network: ipaddress.IPv4Network) -> PeerKey:
+    return PeerKey(network.prefixlen, ip_be(network.network_address))
 
 
 def _digest(digest: bytes) -> PolicyDigest:

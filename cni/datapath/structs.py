@@ -12,7 +12,11 @@ u8, u16, u32, u64 = ctypes.c_uint8, ctypes.c_uint16, ctypes.c_uint32, ctypes.c_u
 
 DIR_EGRESS = int(Direction.EGRESS)
 DIR_INGRESS = int(Direction.INGRESS)
-DIRECTIONS = {int(d): d.label for d in Direction}
+DIR_NETWORK = int(Direction.NETWORK)
+# A pod's two directions (each with a policy id in its endpoint entry).
+DIRECTIONS = {DIR_EGRESS: Direction.EGRESS.label, DIR_INGRESS: Direction.INGRESS.label}
+# Every direction packets are counted in.
+COUNTED_DIRECTIONS = {int(d): d.label for d in Direction}
 # Counter and drop reasons, in the order of their values.
 REASONS = tuple(r.label for r in Reason)
 
@@ -36,6 +40,9 @@ CT_POST_DNAT = 1 << 6
 CT_SELF = 1 << 7
 
 SVC_CLUSTER_IP = 1 << 0
+
+RANGE_LOCAL = 1 << 0  # this node's own pod range
+RANGE_UNOWNED = 1 << 1  # inside the cluster's pod range, held by no node known
 
 
 def ip_be(address: str | ipaddress.IPv4Address) -> int:
@@ -130,8 +137,15 @@ class Config(ctypes.Structure):
         ("events_per_second", u32),
         ("events_burst", u32),
         ("ct_per_endpoint", u32),
-        ("pad", u32),
+        ("tunnel_port", u16),  # network order; 0: no tunnel
+        ("pad", u16),
+        ("tunnel_vni", u32),
+        ("pad2", u32),
     ]
+
+
+class PodRange(ctypes.Structure):
+    _fields_ = [("node", u32), ("flags", u32)]
 
 
 class Event(ctypes.Structure):
@@ -178,6 +192,7 @@ MIRRORS = {
     "sl_ct_key": CTKey,
     "sl_ct_entry": CTEntry,
     "sl_ep_stats": EpStats,
+    "sl_pod_range": PodRange,
     "sl_config": Config,
     "sl_event": Event,
     "sl_event_budget": EventBudget,

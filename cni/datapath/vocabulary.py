@@ -3,7 +3,9 @@
 bpf/vocabulary.h declares the same values for C; a test parses it and
 compares. A direction is always from the pod's point of view: EGRESS is
 what the pod sends (tcx ingress of its node-side veth), INGRESS what it
-receives (tcx egress of the node-side veth).
+receives (tcx egress of the node-side veth); NETWORK is what the node's
+uplinks receive from the node network (no pod's policy: the checks on
+sources that claim to be pods).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from enum import IntEnum
 class Direction(IntEnum):
     EGRESS = 0  # from the pod: tcx ingress of the node-side veth
     INGRESS = 1  # to the pod: tcx egress of the node-side veth
+    NETWORK = 2  # from the node network: tcx ingress of an uplink
 
     @property
     def label(self) -> str:
@@ -35,6 +38,9 @@ class Reason(IntEnum):
     ALLOWED_RELATED = 9
     DROP_ICMP_ERROR = 10
     DEFERRED_SERVICE = 11
+    DROP_TUNNEL_PORT = 12
+    DROP_TUNNEL_PEER = 13
+    DROP_FORGED_SOURCE = 14
 
     @property
     def label(self) -> str:

@@ -4,8 +4,12 @@ objects (``cni.kube.prefixclaims``), for one network of one node.
 The API server is the only arbiter: a block is claimed by creating the object
 named after it, and a create that finds the name taken (409) lost the block to
 another node. Nothing else needs to be exact, so the store reads from a cache
-kept by a list and a watch of every PrefixClaim (a claim of another pool that
-overlaps this one counts as taken):
+kept by a list and a watch of every PrefixClaim. Only claims of one block of the
+pool count (``ipam.claims.PoolBlocks``): a claim that states this pool or overlaps
+it but is no block of it (a wider prefix, the node network, another length, another
+pool) is refused, reported (log and ``refused``), never adopted and never counted as
+taken, so that nobody who can write such an object empties the pool or hands this
+node a range; its name alone stays taken:
 
 - the list at start and after a 410 is a consistent read (from etcd, not the
   watch cache), so a restarted agent sees every claim it made before;
@@ -41,7 +45,7 @@ from cni.kube import prefixclaims
 from cni.kube.api import Api, ApiError, Gone
 from cni.kube.backoff import HEALTHY_WATCH_SECONDS, Backoff
 from cni.kube.events import NodeEvents
-from ipam.claims import Block, BlockUsage, Claim, Shortage
+from ipam.claims import Block, BlockUsage, Claim, PoolBlocks, Shortage
 from ipam.config import PrefixConfig
 from ipam.errors import ClaimsUnavailable, StoreError
 from ipam.space import unclaimed_space
@@ -88,6 +92,7 @@ class ApiClaimStore:
         self.api = api
         self.config = config
         self.pool = config.pool
+        self.blocks = PoolBlocks(config.pool, config.prefix_length)
         self.node = config.node_name
         self.network = config.network
         self.events = events
@@ -99,6 +104,7 @@ class ApiClaimStore:
         self.conflicts = 0  # creates that lost to another node
         self.shortages: Counter[str] = Counter()  # ADDs that found no block, by reason
         self._cache: dict[str, Entry] = {}
+        self._refused: dict[str, str] = {}  # name -> why, of claims that do not count
         self._dead: deque[str] = deque(maxlen=DEAD_UIDS)
         self._dead_set: set[str] = set()
         self._deleting: set[str] = set()  # uids this store is deleting (not lost: given back)
@@ -166,6 +172,9 @@ class ApiClaimStore:
 
     def claim_block(self, block: Block, node: str, network: str) -> bool:
         self._require_synced()
+        why = self.blocks.misfit(block, self.pool)
+        if why is not None:
+            raise StoreError(f"not claiming {block}: {why}")
         entry = self._entry(block)
         if entry is None:
             if self._create(block, node, self._node_uid(), network):
@@ -201,6 +210,12 @@ class ApiClaimStore:
         log.warning("no block to claim for node %s: %s", node, shortage.message)
         self._wake.set()
 
+    @property
+    def refused(self) -> dict[str, str]:
+        """The claims of this pool that do not count, by name: why."""
+        with self._lock:
+            return dict(self._refused)
+
     # -- reading the cache -------------------------------------------------------------------
 
     def _require_synced(self) -> None:
@@ -227,9 +242,12 @@ class ApiClaimStore:
         """The lowest ``limit`` blocks of the pool nobody claims, as far as the cache knows."""
         with self._lock:
             claimed = [e.claim.block for e in self._cache.values()]
+            refused = set(self._refused)  # their names are taken all the same
         found: list[Block] = []
         for network in unclaimed_space(self.pool, self.config.prefix_length, claimed):
             for block in network.subnets(new_prefix=self.config.prefix_length):
+                if prefixclaims.name_of(block) in refused:
+                    continue
                 found.append(block)
                 if len(found) >= limit:
                     return found
@@ -338,13 +356,33 @@ class ApiClaimStore:
     # -- the cache -------------------------------------------------------------------------------
 
     def _readable(self, obj: dict[str, Any]) -> Entry | None:
-        """The object's entry, if it is a readable claim overlapping the pool."""
+        """The object's entry, if it is a readable claim of one block of the pool. One
+        of another pool that leaves this one alone is none of this store's business;
+        one that states this pool or overlaps it but is no block of it is refused."""
         try:
             entry = _entry(obj)
         except (prefixclaims.ClaimFormatError, ValueError) as err:
             log.error("ignoring a PrefixClaim this agent cannot read: %s", err)
             return None
-        return entry if entry.claim.block.overlaps(self.pool) else None
+        claim = entry.claim
+        name = prefixclaims.name_of(claim.block)
+        if claim.pool != self.pool and not claim.block.overlaps(self.pool):
+            return None
+        why = self.blocks.misfit(claim.block, claim.pool)
+        with self._lock:
+            if why is None:
+                self._refused.pop(name, None)
+                return entry
+            said = self._refused.get(name)
+            self._refused[name] = why
+        if said != why:
+            log.error(
+                "refusing PrefixClaim %s of node %s: %s (neither adopted nor taken from the pool)",
+                name,
+                claim.node,
+                why,
+            )
+        return None
 
     def _put(self, obj: dict[str, Any]) -> None:
         entry = self._readable(obj)
@@ -398,8 +436,10 @@ class ApiClaimStore:
             entry = self._readable(obj)
             if entry is not None and entry.uid not in self._dead_set:
                 cache[prefixclaims.name_of(entry.claim.block)] = entry
+        names = {(obj.get("metadata") or {}).get("name") for obj in listed.items}
         with self._lock:
             self._cache = cache
+            self._refused = {n: why for n, why in self._refused.items() if n in names}
         self.synced.set()
         log.info("listed %d prefix claims of pool %s", len(cache), self.pool)
         return listed.resource_version
@@ -454,6 +494,8 @@ class ApiClaimStore:
         elif event == "DELETED":
             name = (obj.get("metadata") or {}).get("name", "")
             uid = (obj.get("metadata") or {}).get("uid", "")
+            with self._lock:
+                self._refused.pop(str(name), None)
             if self._forget(str(name), str(uid)) and self.on_lost is not None:
                 log.warning("the claim of %s was deleted by somebody else", name)
                 self.on_lost()

@@ -11,7 +11,9 @@ holds) rely on this format:
   selector away) and ``sluice.dev/pool`` (``10.244.0.0-16``);
 - ``spec``: ``prefix``, ``pool``, ``node``, ``network``, and ``releasedAt`` once
   the holder gave the block back (the object goes when the cooldown is over; until
-  then nobody else can claim the block and the holder may take it back);
+  then nobody else can claim the block and the holder may take it back); a claim
+  counts only if it is one block of the reader's pool (``ipam.claims.PoolBlocks``):
+  ``pool`` that pool, ``prefix`` inside it and of its prefix length;
 - an ownerReference to the Node, so that deleting the Node deletes its claims;
 - ``status``: ``used`` and ``free`` (the free parts of the block as CIDRs), what
   the holder uses, published for the other nodes' figures.
@@ -87,7 +89,8 @@ def usage_status(usage: BlockUsage) -> dict[str, Any]:
 
 
 def parse(obj: dict[str, Any]) -> Claim:
-    """The claim an object states; ClaimFormatError when it states none."""
+    """The claim an object states; ClaimFormatError when it states none. Whether it is
+    a block of the reader's pool is the reader's question (``PoolBlocks.misfit``)."""
     metadata = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
@@ -114,7 +117,20 @@ def parse(obj: dict[str, Any]) -> Claim:
         used if isinstance(used, int) else 0,
         free_parts,
         epoch_of(released) if released else None,
+        _pool(spec.get("pool")),
     )
+
+
+def _pool(text: Any) -> Block | None:
+    """The pool a claim states, if it is written as the agents write one (and as the
+    admission policy compares it): an IPv4 CIDR in its canonical form."""
+    if not isinstance(text, str):
+        return None
+    try:
+        pool = ipaddress.IPv4Network(text)
+    except ValueError:
+        return None
+    return pool if str(pool) == text else None
 
 
 def owner_uid(obj: dict[str, Any]) -> str | None:

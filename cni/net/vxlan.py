@@ -1,7 +1,8 @@
 """The VXLAN tunnel of ``"routing": "vxlan"`` (pyroute2; the agent's path only).
 
-One device per node, ``DEVICE``, VNI ``VNI`` on UDP port 4789 (IANA's), without
-learning: every remote node is a static peer, written from its Node object:
+One device per node, ``DEVICE``, with the network's VNI and UDP port (by default
+``VNI`` on 4789, IANA's), without learning: every remote node is a static peer,
+written from its Node object:
 
 - a permanent neighbour entry: its InternalIP (the on-link gateway of the routes
   to its pods) is at ``vtep_mac(InternalIP)``;
@@ -11,6 +12,12 @@ The MAC is derived from the address (``02:73`` and the four bytes), so every nod
 computes every other node's without writing anything to the API. The device's
 own MAC is ``vtep_mac`` of this node's InternalIP, so what the others send it is
 delivered to the node's stack and routed to the pod.
+
+The device holds one address of the node's own pod range (its network address,
+which no pod gets), the tunnel address: the node's own traffic to other nodes'
+pods leaves from it, so that the receiver routes its source back through the
+tunnel (a strict reverse-path filter accepts it) and the pod's replies return
+the same way.
 """
 
 from __future__ import annotations
@@ -63,26 +70,34 @@ def uplink_mtu(ipr: IPRoute, local: ipaddress.IPv4Address) -> int | None:
     return None
 
 
-def _matches(ipr: IPRoute, index: int, local: ipaddress.IPv4Address) -> bool:
+def _matches(ipr: IPRoute, index: int, local: ipaddress.IPv4Address, port: int, vni: int) -> bool:
     info = ipr.get_links(index)[0].get("IFLA_LINKINFO")
     if info is None or info.get("IFLA_INFO_KIND") != "vxlan":
         return False
     data = info.get("IFLA_INFO_DATA")
     return (
-        data.get("IFLA_VXLAN_ID") == VNI
+        data.get("IFLA_VXLAN_ID") == vni
         and data.get("IFLA_VXLAN_LOCAL") == str(local)
-        and data.get("IFLA_VXLAN_PORT") == PORT
+        and data.get("IFLA_VXLAN_PORT") == port
         and not data.get("IFLA_VXLAN_LEARNING")
     )
 
 
-def ensure(ipr: IPRoute, local: ipaddress.IPv4Address, mtu: int) -> Tunnel:
+def ensure(
+    ipr: IPRoute,
+    local: ipaddress.IPv4Address,
+    mtu: int,
+    port: int = PORT,
+    vni: int = VNI,
+    address: ipaddress.IPv4Address | None = None,
+) -> Tunnel:
     """The device as this node needs it: created, or recreated when its VNI, port or
-    local address differ (the node's address changed); MTU and MAC set; up."""
+    local address differ (the node's address changed); MTU and MAC set; its one
+    address ``address`` (the tunnel address; None: none); up."""
     mac = vtep_mac(local)
     try:
         index = device_index(ipr)
-        if index is not None and not _matches(ipr, index, local):
+        if index is not None and not _matches(ipr, index, local, port, vni):
             ipr.link("del", index=index)
             index = None
         if index is None:
@@ -90,9 +105,9 @@ def ensure(ipr: IPRoute, local: ipaddress.IPv4Address, mtu: int) -> Tunnel:
                 "add",
                 ifname=DEVICE,
                 kind="vxlan",
-                vxlan_id=VNI,
+                vxlan_id=vni,
                 vxlan_local=str(local),
-                vxlan_port=PORT,
+                vxlan_port=port,
                 vxlan_learning=0,
                 address=mac,
                 mtu=mtu,
@@ -100,9 +115,32 @@ def ensure(ipr: IPRoute, local: ipaddress.IPv4Address, mtu: int) -> Tunnel:
             index = device_index(ipr)
             assert index is not None
         ipr.link("set", index=index, address=mac, mtu=mtu, state="up")
+        _only_address(ipr, index, address)
     except NetlinkError as err:
-        raise TunnelError(f"failed to set up {DEVICE} (local {local}, MTU {mtu}): {err}") from None
+        raise TunnelError(
+            f"failed to set up {DEVICE} (local {local}, port {port}, VNI {vni}, MTU {mtu}, "
+            f"address {address}): {err}"
+        ) from None
     return Tunnel(index, local, mtu)
+
+
+def _only_address(ipr: IPRoute, index: int, address: ipaddress.IPv4Address | None) -> None:
+    """``address``/32 on the device, and no other IPv4 address."""
+    present = {
+        msg.get_attr("IFA_ADDRESS"): msg["prefixlen"]
+        for msg in ipr.get_addr(family=socket.AF_INET, index=index)
+    }
+    for other, prefixlen in present.items():
+        if address is None or other != str(address) or prefixlen != 32:
+            ipr.addr("del", index=index, address=other, prefixlen=prefixlen)
+    if address is not None and present.get(str(address)) != 32:
+        ipr.addr("add", index=index, address=str(address), prefixlen=32)
+
+
+def tunnel_address(pod_range: ipaddress.IPv4Network | None) -> ipaddress.IPv4Address | None:
+    """The node's tunnel address: its pod range's network address, which the node-CIDR
+    IPAM never hands out (None without a single range: prefix mode)."""
+    return pod_range.network_address if pod_range is not None else None
 
 
 def remove_device(ipr: IPRoute) -> bool:

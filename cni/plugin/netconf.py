@@ -31,6 +31,10 @@ TUNNEL_MODES = ("geneve",)
 # What a VXLAN packet adds around the pod's: outer IPv4 20, UDP 8, VXLAN 8, inner
 # Ethernet 14 (RFC 7348).
 VXLAN_OVERHEAD = 50
+# The tunnel's UDP port (IANA's VXLAN port) and VXLAN network identifier; every node of a
+# network must have the same. Pods cannot send UDP to the port at all in vxlan mode.
+DEFAULT_TUNNEL_PORT = 4789
+DEFAULT_TUNNEL_VNI = 7346
 BUILTIN_IPAM = "sluice-ipam"
 
 
@@ -71,6 +75,8 @@ class NetConf(NamedTuple):
     # backends (None: the interface of the node's default route).
     uplinks: tuple[str, ...] | None = None
     routing: str = "native"
+    tunnel_port: int = DEFAULT_TUNNEL_PORT
+    tunnel_vni: int = DEFAULT_TUNNEL_VNI
 
     @property
     def encapsulation_overhead(self) -> int:
@@ -137,7 +143,17 @@ def parse(
         datapath=_datapath(config.get("datapath")),
         uplinks=_uplinks(config.get("uplinks")),
         routing=_routing(config.get("routing", "native")),
+        tunnel_port=_integer(config.get("tunnelPort", DEFAULT_TUNNEL_PORT), "tunnelPort", 1, 65535),
+        tunnel_vni=_integer(config.get("tunnelVNI", DEFAULT_TUNNEL_VNI), "tunnelVNI", 1, 0xFFFFFF),
     )
+
+
+def _integer(value: Any, key: str, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise CNIError(
+            ERR_INVALID_CONFIG, f'invalid "{key}" {value!r}: an integer from {low} to {high}'
+        )
+    return value
 
 
 def _routing(value: Any) -> str:

@@ -14,7 +14,9 @@ is never touched; a pod on another node sees the caller's own address (TCP and
 UDP, no NAT); with a bridge rule that drops every packet whose source is not a
 node, native routing fails and VXLAN passes with the sources still preserved and
 the pod MTU 50 bytes smaller; NetworkPolicy judges the inner packet; a deleted
-Node's routes and tunnel peers are gone from the others, theirs untouched.
+Node's routes and tunnel peers are gone from the others, theirs untouched; in prefix
+mode each block another node claims is routed, and a PrefixClaim that is no block of
+the pool (an administrator's, past the admission policy) never is, nor is it adopted.
 
 The agents run under ``nsenter --net`` (not ``ip netns exec``, which remounts /sys
 and so hides the bpffs where each node's datapath stays pinned across a restart);
@@ -38,6 +40,7 @@ from typing import Any
 import pytest
 import yaml
 
+from cni.kube import prefixclaims
 from cni.net import vxlan
 from cni.net.peer_routes import PROTOCOL
 from tests.harness.agent import NETPROBE, PYTHON, AgentProcess, k8s_args
@@ -93,6 +96,7 @@ class SimNode:
         self.agent: AgentProcess | None = None
         self.kubeconfig = self.cluster.kubeconfig  # the agent's (see agent_kubeconfig)
         self.ipam: dict[str, Any] = {"type": "sluice-ipam", "subnet": self.pod_cidr}
+        self.agent_args: tuple[str, ...] = ()  # more of the agent's options
 
     # -- the node ----------------------------------------------------------------------
 
@@ -165,6 +169,7 @@ class SimNode:
             str(self.kubeconfig),
             "--node-name",
             self.name,
+            *self.agent_args,
             wrapper=("nsenter", f"--net=/run/netns/{self.netns}"),
         )
         if wait:
@@ -677,3 +682,138 @@ def test_prefix_mode_routes_each_prefix_another_node_holds(
     eventually(lambda: not claims_by_node(cluster, pool), "the claims released", timeout=120)
     for node in (first, second):
         wait_for_routes(node, {}, "the released block's route gone")
+
+
+METRICS_PORT = 9479  # an agent's --metrics-address, in its node's namespace
+
+
+def node_metric(node: SimNode, name: str) -> float:
+    """A metric of the node's agent, summed over its label sets."""
+    fetch = "import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1]).read().decode())"
+    text = node.run(PYTHON, "-c", fetch, f"http://127.0.0.1:{METRICS_PORT}/metrics").stdout
+    samples = [line for line in text.splitlines() if line.startswith((f"{name}{{", f"{name} "))]
+    assert samples, f"{node.name}: no metric {name}"
+    return sum(float(line.rsplit(" ", 1)[1]) for line in samples)
+
+
+def forged_claim(
+    cluster: Cluster, prefix: str, holder: SimNode, pool: str, stated_pool: str | None = None
+) -> dict[str, Any]:
+    """A PrefixClaim as an administrator's credential may write it (the admission policy
+    limits node-bound credentials only), or as it was before the policy: for
+    ``holder``'s Node and owned by it, labelled with ``pool`` so that every route keeper
+    of the pool sees it, stating ``stated_pool`` (default: the pool)."""
+    uid = cluster.kubectl_json("get", "node", holder.name)["metadata"]["uid"]
+    net = ipaddress.IPv4Network
+    obj = prefixclaims.claim_object(net(prefix), net(pool), holder.name, uid, "forged")
+    obj["spec"]["pool"] = stated_pool or pool
+    return obj
+
+
+def metric_becomes(node: SimNode, name: str, value: float) -> None:
+    """Wait for the value (one rendering of /metrics serves a second of scrapes)."""
+
+    def check() -> bool:
+        assert node_metric(node, name) == value, f"{name} {node_metric(node, name)}"
+        return True
+
+    eventually(check, f"{node.name}: {name} {value}", timeout=30)
+
+
+def reported(node: SimNode, prefixes: list[str]) -> bool:
+    lines = [line for line in node.log().splitlines() if "is refused" in line]
+    return all(any(f"no route to {p}: " in line for line in lines) for p in prefixes)
+
+
+def test_prefix_claims_that_are_no_block_of_the_pool_are_never_routed(
+    nodes: list[SimNode], pods: PodNamespaces, k8s_control_plane: Cluster
+) -> None:
+    """PrefixClaims that exist although the admission policy refuses them to nodes (an
+    administrator wrote them, or they predate it), each for a node that exists: first
+    those that would divert traffic (the cloud metadata address, an eighth of the
+    address space, a /28 beside the pool, a /29 in it, a /28 of it stating another
+    pool), then those that would take routes or addresses away (the node network, the
+    whole pool, a block over the pool naming the observing node itself). No agent
+    routes one, adopts one as its own block or counts one as taken: a new pod gets an
+    address of a proper block of its own node's, and the pods of the two nodes reach
+    each other. Each is reported (log, sluice_node_route_problems,
+    sluice_ipam_claims_refused) until it is deleted."""
+    cluster = k8s_control_plane
+    cluster.kubectl("apply", "-f", str(CRD))
+    cluster.kubectl("wait", "--for=condition=Established", "-f", str(CRD))
+    cidrs = list(CLUSTER.subnets(new_prefix=24))
+    pool = cidrs[101]
+    first, second = nodes[0], nodes[1]
+    for node in (first, second):
+        node.stop_agent()
+        node.ipam = prefix_ipam(str(pool), node.name, warmPrefixes=0, cooldownSeconds=0)
+        node.kubeconfig = cluster.kubeconfig  # the claims' writes are granted apart
+        node.agent_args = ("--metrics-address", f"127.0.0.1:{METRICS_PORT}")
+    for node in (first, second):
+        node.start_agent(node.routing)
+    for node in (first, second):
+        wait_for_routes(node, {}, "no route while nobody holds a prefix of the pool")
+    server_ns, client_ns = pods.new(), pods.new()
+    server_ip = second.add_pod(server_ns, "server-forged")
+    client_ip = ""
+    try:
+        blocks_28 = list(pool.subnets(new_prefix=28))
+        diverting = [
+            forged_claim(cluster, "169.254.169.254/32", second, str(pool)),
+            forged_claim(cluster, "0.0.0.0/5", second, str(pool)),
+            forged_claim(cluster, str(next(cidrs[102].subnets(new_prefix=28))), second, str(pool)),
+            forged_claim(cluster, str(list(pool.subnets(new_prefix=29))[-1]), second, str(pool)),
+            forged_claim(cluster, str(blocks_28[8]), second, str(pool), str(cidrs[103])),
+        ]
+        denying = [
+            forged_claim(cluster, str(NODE_NET), second, str(pool)),
+            forged_claim(cluster, str(pool), second, str(pool)),
+            forged_claim(cluster, str(pool.supernet(new_prefix=23)), first, str(pool)),
+        ]
+        names = [o["metadata"]["name"] for o in (*diverting, *denying)]
+        (legit,) = claims_by_node(cluster, str(pool))[second.name]
+        wait_for_routes(first, {legit: second.address}, "the route to node 2's block")
+        baseline = node_metric(first, "sluice_node_route_problems")
+        try:
+            for phase, forged in (("diverting", diverting), ("denying", denying)):
+                apply(cluster, *forged)
+                prefixes = [o["spec"]["prefix"] for o in forged]
+                for node in (first, second):
+
+                    def seen(n: SimNode = node, p: list[str] = prefixes) -> bool:
+                        assert reported(n, p), f"not all reported; routes {n.route_gateways()}"
+                        return True
+
+                    eventually(seen, f"{node.name}: the {phase} claims reported")
+                assert first.route_gateways() == {legit: second.address}, f"{phase}: routed"
+                assert second.route_gateways() == {}, f"{phase}: routed"
+            metric_becomes(first, "sluice_node_route_problems", baseline + len(names))
+
+            # Nothing adopted nor taken: a pod on node 1 gets an address of a /28 of the
+            # pool that node 1 claims, routed on node 2 and reached from node 1's pod.
+            client_ip = first.add_pod(client_ns, "client-forged")
+            ours = [b for b in claims_by_node(cluster, str(pool))[first.name]
+                    if ipaddress.IPv4Network(b).prefixlen == 28]  # fmt: skip
+            assert len(ours) == 1, ours
+            assert ipaddress.IPv4Address(client_ip) in ipaddress.IPv4Network(ours[0]), client_ip
+            wait_for_routes(second, {ours[0]: first.address}, "the route to node 1's block")
+            assert first.route_gateways() == {legit: second.address}
+            metric_becomes(first, "sluice_ipam_claims_refused", len(names))
+            server = Server(server_ns)
+            try:
+                assert eventually(lambda: tcp_reaches(client_ns, server_ip), "TCP to node 2")
+                assert server.sources() == {("tcp", client_ip)}
+            finally:
+                server.stop()
+        finally:
+            for name in names:
+                cluster.kubectl("delete", "prefixclaim", name, "--ignore-not-found")
+        metric_becomes(first, "sluice_node_route_problems", baseline)  # gone with them
+        metric_becomes(first, "sluice_ipam_claims_refused", 0)
+    finally:
+        if client_ip:
+            first.delete_pod(client_ns, "client-forged")
+        second.delete_pod(server_ns, "server-forged")
+    eventually(lambda: not claims_by_node(cluster, str(pool)), "the claims released", timeout=120)
+    for node in (first, second):
+        wait_for_routes(node, {}, "the released blocks' routes gone")

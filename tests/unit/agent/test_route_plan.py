@@ -6,14 +6,19 @@ from __future__ import annotations
 from ipaddress import IPv4Address as A
 from ipaddress import IPv4Network as N
 
+import pytest
+
 from cni.agent.route_plan import Claimed, desired_routes, plan, plan_peers
 from cni.kube.nodes import NodeAddressing, parse_node
 from cni.net.peer_routes import PeerRoute
+from ipam.claims import PoolBlocks
 
 ME = NodeAddressing("n1", (N("10.244.1.0/24"),), A("192.168.5.1"))
 TWO = NodeAddressing("n2", (N("10.244.2.0/24"),), A("192.168.5.2"))
 THREE = NodeAddressing("n3", (N("10.244.3.0/24"),), A("192.168.5.3"))
 OWN = [N("10.244.1.0/24")]
+POOL = N("10.8.0.0/24")
+BLOCKS = PoolBlocks(POOL, 28)
 
 
 def route(dst: str, via: str, tunnel: bool = False) -> PeerRoute:
@@ -62,24 +67,76 @@ def test_a_node_whose_internal_ip_is_a_pod_address_gets_no_route() -> None:
         assert set(wanted.routes) == {N("10.244.2.0/24"), N("10.244.3.0/24")}
 
 
+def claimed(prefix: str, node: str, pool: N | None = POOL) -> Claimed:
+    return Claimed(N(prefix), node, pool)
+
+
 def test_prefix_mode_claims_of_this_node_count_as_its_own() -> None:
-    claims = [Claimed(N("10.8.0.0/28"), "n1"), Claimed(N("10.8.0.0/27"), "n2")]
-    wanted = desired_routes([ME, TWO], "n1", [], tunnel=True, claims=claims)
-    assert wanted.routes == {} and "this node's own" in wanted.skipped[N("10.8.0.0/27")]
+    # Not routed, and a pod range: a node whose InternalIP lies in one gets no route.
+    decoy = NodeAddressing("n9", (), A("10.8.0.5"))
+    claims = [claimed("10.8.0.0/28", "n1"), claimed("10.8.0.16/28", "n9")]
+    wanted = desired_routes([ME, decoy], "n1", [], tunnel=True, claims=claims, blocks=BLOCKS)
+    assert wanted.routes == {} and wanted.own == (N("10.8.0.0/28"),)
+    assert "is a pod address (in 10.8.0.0/28)" in wanted.skipped[N("10.8.0.16/28")]
 
 
 def test_prefix_mode_routes_each_prefix_another_node_holds() -> None:
     claims = [
-        Claimed(N("10.8.0.0/28"), "n1"),
-        Claimed(N("10.8.0.16/28"), "n2"),
-        Claimed(N("10.8.0.32/28"), "n2"),
-        Claimed(N("10.8.0.48/28"), "gone"),  # its Node is not known
+        claimed("10.8.0.0/28", "n1"),
+        claimed("10.8.0.16/28", "n2"),
+        claimed("10.8.0.32/28", "n2"),
+        claimed("10.8.0.48/28", "gone"),  # its Node is not known
     ]
-    wanted = desired_routes([ME, TWO], "n1", [], tunnel=True, claims=claims)
+    wanted = desired_routes([ME, TWO], "n1", [], tunnel=True, claims=claims, blocks=BLOCKS)
     assert wanted.routes == {
         N("10.8.0.16/28"): route("10.8.0.16/28", "192.168.5.2", True),
         N("10.8.0.32/28"): route("10.8.0.32/28", "192.168.5.2", True),
     }
+
+
+# Claims that are no /28 block of 10.8.0.0/24, and what each would do if it counted.
+HOSTILE_CLAIMS = {
+    "the cloud metadata address": claimed("169.254.169.254/32", "n2"),
+    "an eighth of the address space": claimed("0.0.0.0/5", "n2"),
+    "the node network (every InternalIP a pod address)": claimed("192.168.5.0/24", "n2"),
+    "the whole pool (overlapping every block)": claimed("10.8.0.0/24", "n2"),
+    "a prefix over the pool, as this node's own": claimed("10.8.0.0/16", "n1"),
+    "a block of the pool too long": claimed("10.8.0.64/29", "n2"),
+    "a block of the pool too short": claimed("10.8.0.128/27", "n2"),
+    "a /28 beside the pool": claimed("10.8.1.0/28", "n2"),
+    "a /28 of the pool stating another pool": claimed("10.8.0.96/28", "n2", N("10.8.0.0/16")),
+    "a /28 of the pool stating no readable pool": claimed("10.8.0.112/28", "n2", None),
+}
+
+
+@pytest.mark.parametrize("what", list(HOSTILE_CLAIMS))
+def test_a_claim_that_is_no_block_of_the_pool_is_refused_and_changes_nothing(what: str) -> None:
+    hostile = HOSTILE_CLAIMS[what]
+    legit = [claimed("10.8.0.0/28", "n1"), claimed("10.8.0.16/28", "n2")]
+    for claims in ([*legit, hostile], [hostile, *legit]):
+        wanted = desired_routes([ME, TWO], "n1", [], tunnel=False, claims=claims, blocks=BLOCKS)
+        assert wanted.routes == {N("10.8.0.16/28"): route("10.8.0.16/28", "192.168.5.2")}, what
+        assert wanted.own == (N("10.8.0.0/28"),), what
+        assert list(wanted.skipped) == [hostile.prefix], what
+        assert (
+            f"node {hostile.node}'s PrefixClaim of {hostile.prefix} is refused: "
+            in (wanted.skipped[hostile.prefix])
+        )
+
+
+def test_claims_are_never_routed_without_the_pool_they_must_be_blocks_of() -> None:
+    with pytest.raises(ValueError):
+        desired_routes([ME, TWO], "n1", [], tunnel=False, claims=[claimed("10.8.0.16/28", "n2")])
+
+
+def test_why_a_claim_is_no_block_of_the_pool() -> None:
+    assert BLOCKS.misfit(N("10.8.0.16/28"), POOL) is None
+    assert BLOCKS.misfit(N("10.8.0.16/28"), N("10.8.0.0/16")) == (
+        "it states pool 10.8.0.0/16, not 10.8.0.0/24"
+    )
+    assert BLOCKS.misfit(N("10.8.0.16/28"), None) == "it states no IPv4 pool, not 10.8.0.0/24"
+    assert BLOCKS.misfit(N("10.8.1.0/28"), POOL) == "10.8.1.0/28 is outside pool 10.8.0.0/24"
+    assert BLOCKS.misfit(N("10.8.0.0/24"), POOL) == "10.8.0.0/24 is a /24, not a /28 block"
 
 
 def test_plan_writes_what_is_missing_or_different() -> None:

@@ -20,7 +20,7 @@ from cni.kube.claimstore import ApiClaimStore
 from cni.plugin import netconf
 from ipam import config as ipam_config
 from ipam.claims import BlockUsage
-from ipam.errors import ClaimsUnavailable
+from ipam.errors import ClaimsUnavailable, StoreError
 
 Net = ipaddress.IPv4Network
 POOL = Net("10.40.0.0/24")
@@ -140,13 +140,69 @@ def test_a_deleted_object_never_comes_back(store: ApiClaimStore) -> None:
     assert lost == [True]
 
 
-def test_claims_of_other_pools_are_ignored_unless_they_overlap(store: ApiClaimStore) -> None:
-    store._apply("ADDED", claim_obj("10.41.0.0/28", uid="elsewhere"))
-    overlapping = claim_obj("10.40.0.0/28", uid="wide")
-    overlapping["spec"]["prefix"], overlapping["metadata"]["name"] = "10.40.0.0/23", "10.40.0.0-23"
-    store._apply("ADDED", overlapping)
-    assert blocks(store) == {"10.40.0.0/23": ("node-a", True)}
-    assert store._free_blocks(4) == []
+def forged(prefix: str, pool: str = str(POOL), node: str = "node-a") -> dict[str, Any]:
+    """A claim object of ``prefix`` stating ``pool``, as only an administrator's
+    credential can write it past the admission policy."""
+    obj = claim_obj("10.40.0.0/28", node=node, uid=f"forged-{prefix}")
+    obj["metadata"]["name"] = prefixclaims.name_of(Net(prefix))
+    obj["spec"]["prefix"], obj["spec"]["pool"] = prefix, pool
+    return obj
+
+
+def test_claims_of_other_pools_that_leave_this_one_alone_are_none_of_its_business(
+    store: ApiClaimStore,
+) -> None:
+    other = forged("10.41.0.0/28", "10.41.0.0/24")
+    store._apply("ADDED", other)
+    assert blocks(store) == {} and store.refused == {}
+
+
+@pytest.mark.parametrize(
+    ("prefix", "pool", "why"),
+    [
+        ("10.40.0.0/23", str(POOL), "10.40.0.0/23 is outside pool 10.40.0.0/24"),
+        ("10.40.0.0/24", str(POOL), "10.40.0.0/24 is a /24, not a /28 block"),
+        ("10.40.0.64/29", str(POOL), "10.40.0.64/29 is a /29, not a /28 block"),
+        ("169.254.169.254/32", str(POOL), "169.254.169.254/32 is outside pool 10.40.0.0/24"),
+        ("10.40.0.0/23", "10.40.0.0/23", "it states pool 10.40.0.0/23, not 10.40.0.0/24"),
+        ("10.40.0.16/28", "10.0.0.0/8", "it states pool 10.0.0.0/8, not 10.40.0.0/24"),
+        ("10.40.0.16/28", "10.40.0.1/24", "it states no IPv4 pool, not 10.40.0.0/24"),
+    ],
+)
+def test_a_claim_that_is_no_block_of_the_pool_is_neither_adopted_nor_taken(
+    store: ApiClaimStore, prefix: str, pool: str, why: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    store._apply("ADDED", claim_obj("10.40.0.32/28", node="node-b", uid="b"))
+    store._apply("ADDED", forged(prefix, pool))
+    store._apply("MODIFIED", forged(prefix, pool))  # reported once
+    name = prefixclaims.name_of(Net(prefix))
+    assert blocks(store) == {"10.40.0.32/28": ("node-b", True)}  # not this node's block
+    assert store.refused == {name: why}
+    assert [r.getMessage() for r in caplog.records if "refusing" in r.getMessage()] == [
+        f"refusing PrefixClaim {name} of node node-a: {why} (neither adopted nor taken "
+        "from the pool)"
+    ]
+    free = [str(b) for b in store._free_blocks(3)]
+    if Net(prefix).prefixlen == 28 and Net(prefix).subnet_of(POOL):
+        assert free == ["10.40.0.0/28", "10.40.0.48/28", "10.40.0.64/28"]  # its name is taken
+    else:
+        assert free == ["10.40.0.0/28", "10.40.0.16/28", "10.40.0.48/28"]
+    store._apply("DELETED", forged(prefix, pool))
+    assert store.refused == {}
+
+
+def test_a_block_that_is_no_block_of_the_pool_is_never_claimed(store: ApiClaimStore) -> None:
+    for block in ("10.40.0.0/24", "10.40.0.0/29", "10.41.0.0/28"):
+        with pytest.raises(StoreError, match=f"not claiming {block}"):
+            store.claim_block(Net(block), "node-a", "net1")
+
+
+def test_the_pool_a_claim_states_is_read_as_the_agents_write_it() -> None:
+    assert prefixclaims.parse(claim_obj("10.40.0.16/28")).pool == POOL
+    for stated in ("10.40.0.1/24", "10.40.0.0/255.255.255.0", "fd00::/64", 42, None):
+        obj = claim_obj("10.40.0.16/28")
+        obj["spec"]["pool"] = stated
+        assert prefixclaims.parse(obj).pool is None, stated
 
 
 def test_free_blocks_are_the_lowest_unclaimed(store: ApiClaimStore) -> None:

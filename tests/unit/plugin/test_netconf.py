@@ -73,6 +73,10 @@ def test_a_delegated_ipam_keeps_the_call_for_the_delegate() -> None:
             "prefixLength",
         ),
         ("dns", {"nameservers": "1.1.1.1"}, 6, "nameservers"),
+        ("tunnelPort", 0, 7, '"tunnelPort" 0'),
+        ("tunnelPort", "4789", 7, "tunnelPort"),
+        ("tunnelVNI", 1 << 24, 7, '"tunnelVNI" 16777216'),
+        ("tunnelVNI", True, 7, "tunnelVNI"),
     ],
 )
 def test_invalid_values_are_named(key: str, value: object, code: int, fragment: str) -> None:
@@ -92,3 +96,9 @@ def test_routing_modes() -> None:
     with pytest.raises(CNIError) as unsupported:
         conf(routing="geneve")
     assert unsupported.value.code == 2
+
+
+def test_tunnel_port_and_vni() -> None:
+    assert (conf().tunnel_port, conf().tunnel_vni) == (4789, 7346)
+    tunnel = conf(routing="vxlan", tunnelPort=8472, tunnelVNI=1)
+    assert (tunnel.tunnel_port, tunnel.tunnel_vni) == (8472, 1)
