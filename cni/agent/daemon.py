@@ -30,6 +30,7 @@ from pyroute2 import IPRoute
 from cni.agent import prefix_claims, routes
 from cni.agent.enforcer import Enforcer
 from cni.agent.handlers import Handlers
+from cni.agent.http_listener import Listener
 from cni.agent.instance_lock import InstanceLock
 from cni.agent.kube_source import COLLECTIONS, KubernetesSource
 from cni.agent.local_store import LocalStore
@@ -90,10 +91,12 @@ class Agent:
         in_cluster: bool = False,
         resolver: str = "agent",
         verify_interval: float = 60.0,
+        health_address: str | None = None,
     ) -> None:
         self.conf = conf
         self.node_name = node_name
         self.metrics_address = metrics_address
+        self.health_address = health_address  # the probes apart from the metrics
         self.kubeconfig = kubeconfig
         self.from_api = bool(kubeconfig) or in_cluster  # else: the local manifest store
         # "agent": resolve every policy here; "controller": from sluicectl controller's objects.
@@ -187,6 +190,12 @@ class Agent:
         self._serving.start()
         if self.metrics_address:
             self.metrics.serve(self.metrics_address, self._readiness)
+        self.probes: Listener | None = None
+        if self.health_address:
+            from cni.agent import metrics_http
+
+            self.probes = metrics_http.serve_probes(self.health_address, self._readiness)
+            log.info("probes on http://%s/healthz and /readyz", self.health_address)
         log.info("agent ready in %.2f s", time.monotonic() - started)
 
     def _readiness(self) -> tuple[bool, str]:
@@ -232,6 +241,8 @@ class Agent:
         if self.routes is not None:
             self.routes.stop()
         self.metrics.close()
+        if self.probes is not None:
+            self.probes.close()
         self.state.close()
         self.allocators.close()
         self.datapath.close()

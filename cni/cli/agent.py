@@ -10,6 +10,17 @@ import click
 from cni.cli.common import conf_option, load_conflist, netconf_of
 
 
+def _address(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    from cni.agent.http_listener import parse_address
+
+    if value is not None:
+        try:
+            parse_address(value)
+        except ValueError as err:
+            raise click.BadParameter(str(err), ctx, param) from None
+    return value
+
+
 @click.command()
 @conf_option
 @click.option(
@@ -21,7 +32,17 @@ from cni.cli.common import conf_option, load_conflist, netconf_of
     "--metrics-address",
     default=None,
     metavar="HOST:PORT",
-    help="Serve Prometheus metrics here (off by default).",
+    callback=_address,
+    help="Serve Prometheus metrics here, with /healthz and /readyz (off by default; "
+    "an empty HOST is 127.0.0.1).",
+)
+@click.option(
+    "--health-address",
+    default=None,
+    metavar="HOST:PORT",
+    callback=_address,
+    help="Serve /healthz and /readyz here too, on a listener of their own that no "
+    "client of the metrics can hold up (off by default).",
 )
 @click.option(
     "--kubeconfig",
@@ -51,6 +72,7 @@ def agent(
     conf_path: str | None,
     node_name: str | None,
     metrics_address: str | None,
+    health_address: str | None,
     kubeconfig: str | None,
     resolver: str,
     verify_interval: float,
@@ -62,6 +84,8 @@ def agent(
     `sluicectl apply`. Stops cleanly on SIGTERM."""
     from cni.agent.daemon import Agent, setup_logging
 
+    if metrics_address is not None and metrics_address == health_address:
+        raise click.UsageError("--health-address must differ from --metrics-address")
     setup_logging(debug)
     conf = netconf_of(load_conflist(conf_path))
     in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and os.path.exists(
@@ -76,10 +100,20 @@ def agent(
         check_agent_config(conf, name, bool(kubeconfig) or in_cluster)
     except ClaimsConfigError as err:
         raise click.UsageError(str(err)) from None
+    from cni.agent.http_listener import ListenError
     from cni.agent.instance_lock import AlreadyServed
     from cni.agent.server import ServerError
 
     try:
-        Agent(conf, name, metrics_address, kubeconfig, in_cluster, resolver, verify_interval).run()
-    except (AlreadyServed, ServerError) as err:
+        Agent(
+            conf,
+            name,
+            metrics_address,
+            kubeconfig,
+            in_cluster,
+            resolver,
+            verify_interval,
+            health_address=health_address,
+        ).run()
+    except (AlreadyServed, ServerError, ListenError) as err:
         raise click.ClickException(str(err)) from None

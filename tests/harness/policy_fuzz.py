@@ -180,9 +180,13 @@ class SequenceRunner:
         probe = World(real=self.real)
         probe.namespaces[ns] = dict(effect["labels"])
         self.kubectl("create", "-f", "-", stdin=json.dumps(namespace_document(probe, ns)))
+        # Pods are refused until the namespace's default ServiceAccount exists.
         eventually(
-            lambda: bool(
-                self.kubectl("get", "serviceaccount", "-n", self.real(ns), "default", "-o", "name")
+            lambda: (
+                self.cluster.kubectl(
+                    "get", "serviceaccount", "-n", self.real(ns), "default", check=False
+                ).returncode
+                == 0
             ),
             f"the default ServiceAccount of {self.real(ns)}",
             60,
@@ -404,6 +408,7 @@ class SequenceRunner:
         """Back to the base state: policies gone, extra pods and namespaces gone, base
         labels back, deleted base pods created again."""
         base = self._base
+        self._sweep()
         for key in list(self.world.policies):
             self.do({"op": "delete-policy", "ns": key[0], "name": key[1]})
         for ns in [ns for ns in self.world.namespaces if ns not in base.namespaces]:
@@ -423,6 +428,25 @@ class SequenceRunner:
             }
             for effect in self.world.effects(step):
                 self.do(effect)
+
+    def _sweep(self) -> None:
+        """Delete what a step that failed half-way left in the cluster but not in the
+        world: a namespace created before its ServiceAccount came, a pod never Ready."""
+        tail = f"-{self.suffix}"
+        listed = self.cluster.kubectl_json("get", "namespaces")["items"]
+        ours = {n["metadata"]["name"] for n in listed if n["metadata"]["name"].endswith(tail)}
+        for real in sorted(ours - {self.real(ns) for ns in self.world.namespaces}):
+            self.kubectl("delete", "namespace", real, "--wait=true", timeout=180)
+        known = {(pod.namespace, pod.name) for pod in self.pods.values()}
+        for ns in self.world.namespaces:
+            real = self.real(ns)
+            for item in self.cluster.kubectl_json("get", "pods", "-n", real)["items"]:
+                name = item["metadata"]["name"]
+                if (real, name) not in known:
+                    self.kubectl(
+                        "delete", "-n", real, f"pod/{name}", f"service/s-{name}",
+                        "--ignore-not-found", "--wait=true",
+                    )  # fmt: skip
 
     def run_sequence(
         self, steps: list[Step], seed: int | None = None, shrink_budget: int = 12
