@@ -12,6 +12,7 @@ backlog, and every probe failed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import subprocess
@@ -19,6 +20,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,6 +119,24 @@ def can_connect(netns: str, address: str, port: int) -> bool:
     return run.returncode == 0
 
 
+@contextlib.contextmanager
+def agent_and_a_pod(
+    tmp_path: Path, bin_dir: Path, pods: PodNamespaces, *extra: str
+) -> Iterator[tuple[AgentNetwork, str]]:
+    """The agent serving with ``extra`` arguments, and a pod it wired (its netns)."""
+    net = AgentNetwork.create(tmp_path, bin_dir)
+    net.agent.extra = extra
+    pod = pods.new()
+    cid = f"pod-{uuid.uuid4().hex[:6]}"
+    try:
+        net.start()
+        net.add(pod, cid, "x", cid)
+        yield net, pod
+    finally:
+        net.delete(pod, cid, "x", cid)
+        net.cleanup()
+
+
 def add_and_delete(net: AgentNetwork, pods: PodNamespaces) -> None:
     netns = pods.new()
     cid = f"during-{uuid.uuid4().hex[:8]}"
@@ -131,13 +151,8 @@ def test_probes_answer_while_a_pod_trickles_into_the_shared_port(
     """One listener for /metrics and the probes, on every address of the node (what
     the manifest shipped before): a pod's slow clients cannot starve the probes."""
     port = free_port()
-    net = AgentNetwork.create(tmp_path, bin_dir)
-    net.agent.extra = ("--metrics-address", f"0.0.0.0:{port}")
-    attacker = pods.new()
-    cid = f"trickler-{uuid.uuid4().hex[:6]}"
-    try:
-        net.start()
-        net.add(attacker, cid, "x", cid)
+    shared = ("--metrics-address", f"0.0.0.0:{port}")
+    with agent_and_a_pod(tmp_path, bin_dir, pods, *shared) as (net, attacker):
         probes = [f"http://127.0.0.1:{port}/healthz", f"http://127.0.0.1:{port}/readyz"]
         attack = trickle_while_probing(
             net, attacker, (node_address(), port), probes, TRICKLE_SECONDS
@@ -148,9 +163,6 @@ def test_probes_answer_while_a_pod_trickles_into_the_shared_port(
         assert attack.answered > 0
         add_and_delete(net, pods)
         assert net.agent.proc is not None and net.agent.proc.poll() is None
-    finally:
-        net.delete(attacker, cid, "x", cid)
-        net.cleanup()
 
 
 def test_probes_apart_answer_while_a_pod_trickles_into_the_metrics_port(
@@ -159,16 +171,11 @@ def test_probes_apart_answer_while_a_pod_trickles_into_the_metrics_port(
     """Probes on a loopback listener of their own (as the manifest serves them): no
     pod reaches it, and slow clients on the metrics port leave it alone."""
     metrics_port, health_port = free_port(), free_port()
-    net = AgentNetwork.create(tmp_path, bin_dir)
-    net.agent.extra = (
+    addresses = (
         "--metrics-address", f"0.0.0.0:{metrics_port}",
         "--health-address", f"127.0.0.1:{health_port}",
     )  # fmt: skip
-    attacker = pods.new()
-    cid = f"trickler-{uuid.uuid4().hex[:6]}"
-    try:
-        net.start()
-        net.add(attacker, cid, "x", cid)
+    with agent_and_a_pod(tmp_path, bin_dir, pods, *addresses) as (net, attacker):
         for address in (node_address(), POD_GATEWAY):
             assert not can_connect(attacker, address, health_port), address
         assert can_connect(attacker, node_address(), metrics_port)  # the premise
@@ -183,9 +190,6 @@ def test_probes_apart_answer_while_a_pod_trickles_into_the_metrics_port(
         assert answers(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10)
         assert not answers(f"{base}/metrics")  # the probes' listener serves only them
         add_and_delete(net, pods)
-    finally:
-        net.delete(attacker, cid, "x", cid)
-        net.cleanup()
 
 
 def manifest_address(key: str) -> str:
@@ -206,21 +210,18 @@ def test_no_pod_reaches_the_manifests_ports(
     metrics_port, health_port = free_port(), free_port()
     metrics_host = manifest_address("SLUICE_METRICS_ADDRESS")
     health_host = manifest_address("SLUICE_HEALTH_ADDRESS")
-    net = AgentNetwork.create(tmp_path, bin_dir)
-    net.agent.extra = (
+    addresses = (
         "--metrics-address", f"{metrics_host}:{metrics_port}",
         "--health-address", f"{health_host}:{health_port}",
     )  # fmt: skip
-    pod = pods.new()
-    cid = f"reader-{uuid.uuid4().hex[:6]}"
-    try:
-        net.start()
-        net.add(pod, cid, "x", cid)
+    with (
+        agent_and_a_pod(tmp_path, bin_dir, pods, *addresses) as (_, pod),
+        socket.create_server(("0.0.0.0", 0)) as open_port,
+    ):
+        # The premise: the pod reaches a port open on every address of the node.
+        assert can_connect(pod, node_address(), open_port.getsockname()[1])
         assert answers(f"http://127.0.0.1:{health_port}/healthz")
         assert answers(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10)
         for address in (node_address(), POD_GATEWAY, "127.0.0.1"):
             for port in (metrics_port, health_port):
                 assert not can_connect(pod, address, port), (address, port)
-    finally:
-        net.delete(pod, cid, "x", cid)
-        net.cleanup()
