@@ -1,12 +1,14 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
- * The datapath's own conntrack: one LRU table per endpoint, aged in the
+ * The datapath's own conntrack: two LRU tables per endpoint (the flows it
+ * opened, the flows opened toward it: sluice.h), aged in the
  * datapath by comparing last_seen with the timeout for the flow's state
  * (never by looking at netfilter's conntrack).
  *
  * API:
- *   void *ct_table(ep)                               the endpoint's table or NULL
- *   struct sl_ct_entry *ct_find(table, owner, t, &key, &reply)   live entry or NULL
+ *   int ct_shares(ep, &ct)                           the endpoint's two tables (0: missing)
+ *   void *ct_share(&ct, dir)                         the table of flows opened in dir
+ *   struct sl_ct_entry *ct_find(&ct, dir, owner, t, &key, &reply)   live entry or NULL
  *   void ct_create(table, owner, t, gen, dir, flags)
  *   void ct_frag_create(table, owner, pkt, gen, dir, flags)   an allowed first fragment
  *   void ct_remove(table, owner, &key)
@@ -25,11 +27,30 @@
 #include "maps.h"
 #include "parse.h"
 
-static __always_inline void *ct_table(struct sl_endpoint *ep)
-{
-	__u32 slot = ep->ct_slot;
+/* An endpoint's two shares of conntrack. */
+struct sl_ct_shares {
+	void *out;	/* flows the pod opened (and fragments it sends) */
+	void *in;	/* flows opened toward the pod (and fragments it receives) */
+};
 
-	return ct_tables.lookup(&slot);
+static __always_inline int ct_shares(struct sl_endpoint *ep, struct sl_ct_shares *ct)
+{
+	__u32 out = ep->ct_slot, in = ep->ct_slot | SL_CT_INBOUND;
+
+	ct->out = ct_tables.lookup(&out);
+	ct->in = ct_tables.lookup(&in);
+	return ct->out && ct->in;
+}
+
+static __always_inline __u32 ct_opposite(__u32 dir)
+{
+	return dir == SL_DIR_EGRESS ? SL_DIR_INGRESS : SL_DIR_EGRESS;
+}
+
+/* The table of the flows opened in direction dir. */
+static __always_inline void *ct_share(struct sl_ct_shares *ct, __u32 dir)
+{
+	return dir == SL_DIR_EGRESS ? ct->out : ct->in;
 }
 
 static __always_inline void ct_key(struct sl_ct_key *k, struct sl_tuple *t, int reversed)
@@ -106,20 +127,23 @@ static __always_inline struct sl_ct_entry *ct_get(void *table, __u32 owner, stru
 	return e;
 }
 
-/* The live entry for the flow, trying the packet's direction, then the reply's. */
-static __always_inline struct sl_ct_entry *ct_find(void *table, __u32 owner, struct sl_tuple *t,
+/* The live entry for the flow of a packet travelling in direction dir: a flow
+ * opened that way (in dir's share), else one whose reply it is (in the other
+ * share). The entry lives in ct_share(ct, *reply ? ct_opposite(dir) : dir). */
+static __always_inline struct sl_ct_entry *ct_find(struct sl_ct_shares *ct, __u32 dir,
+						   __u32 owner, struct sl_tuple *t,
 						   struct sl_ct_key *k, int *reply)
 {
 	struct sl_ct_entry *e;
 
 	ct_key(k, t, 0);
-	e = ct_get(table, owner, k);
+	e = ct_get(ct_share(ct, dir), owner, k);
 	if (e) {
 		*reply = 0;
 		return e;
 	}
 	ct_key(k, t, 1);
-	e = ct_get(table, owner, k);
+	e = ct_get(ct_share(ct, ct_opposite(dir)), owner, k);
 	if (e) {
 		*reply = 1;
 		return e;

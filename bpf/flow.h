@@ -5,7 +5,7 @@
  * API:
  *   int handle_packet(skb, dir)     SL_PASS or TC_ACT_SHOT
  *
- * In order: the endpoint and its conntrack table (none: drop); from the
+ * In order: the endpoint and its two conntrack tables (none: drop); from the
  * pod, only untagged IPv4 and ARP (ARP only with one of its addresses),
  * whatever the policy; to the pod, anything but IPv4 passes only a
  * direction that is not isolated; from the pod, headers that parse, one
@@ -76,7 +76,7 @@ static __always_inline int handle_arp(struct __sk_buff *skb, struct sl_endpoint 
 }
 
 /* Is a known flow (or fragment) still allowed by the endpoint's current policy? */
-static __always_inline int flow_still_allowed(void *table, struct sl_endpoint *ep, __u32 ifindex,
+static __always_inline int flow_still_allowed(struct sl_ct_shares *ct, struct sl_endpoint *ep,
 					      struct sl_ct_key *k, struct sl_ct_entry *e)
 {
 	__be16 dport = k->dport;
@@ -89,13 +89,14 @@ static __always_inline int flow_still_allowed(void *table, struct sl_endpoint *e
 		return 1;
 	if (k->kind == SL_CT_FRAG) {
 		if (e->flags & SL_CT_SEEN_REPLY) {
-			/* Fragments of a reply live as long as their flow. */
+			/* Fragments of a reply live as long as their flow, which
+			 * was opened the other way (so is in the other share). */
 			struct sl_ct_key flow = {
 				.saddr = k->daddr, .daddr = k->saddr,
 				.sport = e->dport, .dport = e->sport,
 				.proto = k->proto, .kind = SL_CT_FLOW,
 			};
-			return bpf_map_lookup_elem(table, &flow) != 0;
+			return bpf_map_lookup_elem(ct_share(ct, ct_opposite(e->dir)), &flow) != 0;
 		}
 		dport = e->dport;
 	}
@@ -103,13 +104,14 @@ static __always_inline int flow_still_allowed(void *table, struct sl_endpoint *e
 			     k->proto, dport);
 }
 
-/* Bring a known entry up to the endpoint's generation; 0 (and removed) if denied now. */
-static __always_inline int ct_recheck(void *table, struct sl_endpoint *ep, __u32 ifindex,
-				      struct sl_ct_key *k, struct sl_ct_entry *e)
+/* Bring a known entry (in table, one of ct's) up to the endpoint's generation;
+ * 0 (and removed) if denied now. */
+static __always_inline int ct_recheck(struct sl_ct_shares *ct, void *table, struct sl_endpoint *ep,
+				      __u32 ifindex, struct sl_ct_key *k, struct sl_ct_entry *e)
 {
 	if (e->policy_gen == ep->policy_gen)
 		return 1;
-	if (!flow_still_allowed(table, ep, ifindex, k, e)) {
+	if (!flow_still_allowed(ct, ep, k, e)) {
 		ct_remove(table, ifindex, k);
 		return 0;
 	}
@@ -142,15 +144,16 @@ static __always_inline int from_node(struct __sk_buff *skb)
 }
 
 /* A later fragment has no ports: it goes where its first fragment went. */
-static __always_inline int handle_later_fragment(void *table, struct sl_endpoint *ep,
+static __always_inline int handle_later_fragment(struct sl_ct_shares *ct, struct sl_endpoint *ep,
 						 __u32 ifindex, __u32 dir, struct sl_packet *pkt)
 {
+	void *table = ct_share(ct, dir);
 	struct sl_ct_entry *e;
 	struct sl_ct_key k;
 
 	ct_frag_key(&k, pkt);
 	e = ct_get(table, ifindex, &k);
-	if (e && ct_recheck(table, ep, ifindex, &k, e))
+	if (e && ct_recheck(ct, table, ep, ifindex, &k, e))
 		return verdict_pass(dir, SL_ALLOWED);
 	if (!isolated(ep, dir))
 		return verdict_pass(dir, SL_ALLOWED);
@@ -159,10 +162,11 @@ static __always_inline int handle_later_fragment(void *table, struct sl_endpoint
 
 /* An ICMP error goes back to the sender of the packet it quotes, that packet
  * involves the pod on its own side, and it belongs to a tracked flow. */
-static __always_inline int handle_icmp_error(void *table, struct sl_endpoint *ep, __u32 ifindex,
-					     __u32 dir, struct sl_packet *pkt)
+static __always_inline int handle_icmp_error(struct sl_ct_shares *ct, struct sl_endpoint *ep,
+					     __u32 ifindex, __u32 dir, struct sl_packet *pkt)
 {
 	__be32 pod_side = dir == SL_DIR_EGRESS ? pkt->inner.daddr : pkt->inner.saddr;
+	__u32 quoted = ct_opposite(dir);	/* the quoted packet went the other way */
 	struct sl_ct_entry *e;
 	struct sl_ct_key k;
 	int reply = 0;
@@ -170,11 +174,11 @@ static __always_inline int handle_icmp_error(void *table, struct sl_endpoint *ep
 	if (pkt->fragment != SL_FRAG_NONE || pkt->flow.daddr != pkt->inner.saddr ||
 	    !own_address(ep, ifindex, pod_side))
 		return verdict_drop(ifindex, dir, SL_DROP_ICMP_ERROR, &pkt->flow);
-	e = ct_find(table, ifindex, &pkt->inner, &k, &reply);
+	e = ct_find(ct, quoted, ifindex, &pkt->inner, &k, &reply);
 	if (!e)
 		return isolated(ep, dir) ? verdict_drop(ifindex, dir, SL_DROP_ICMP_ERROR, &pkt->flow)
 					 : verdict_pass(dir, SL_ALLOWED);
-	if (!ct_recheck(table, ep, ifindex, &k, e))
+	if (!ct_recheck(ct, ct_share(ct, reply ? dir : quoted), ep, ifindex, &k, e))
 		return verdict_drop(ifindex, dir, SL_DROP_FLOW_CUT, &pkt->flow);
 	return verdict_pass(dir, SL_ALLOWED_RELATED);
 }
@@ -189,6 +193,7 @@ static __always_inline int handle_packet(struct __sk_buff *skb, __u32 dir)
 	struct sl_ct_key k;
 	struct ethhdr eth;
 	int reply = 0, allowed, err;
+	struct sl_ct_shares ct;
 	void *table;
 
 	ep = endpoints.lookup(&ifindex);
@@ -230,21 +235,21 @@ static __always_inline int handle_packet(struct __sk_buff *skb, __u32 dir)
 		return verdict_drop(ifindex, dir, SL_DROP_SPOOFED, &pkt.flow);
 	if (dir == SL_DIR_EGRESS && to_tunnel_port(&pkt))
 		return verdict_drop(ifindex, dir, SL_DROP_TUNNEL_PORT, &pkt.flow);
-	table = ct_table(ep);
-	if (!table)
+	if (!ct_shares(ep, &ct))
 		return verdict_drop(ifindex, dir, SL_DROP_NO_ENDPOINT, &pkt.flow);
 
 	if (pkt.fragment == SL_FRAG_LATER)
-		return handle_later_fragment(table, ep, ifindex, dir, &pkt);
+		return handle_later_fragment(&ct, ep, ifindex, dir, &pkt);
 	if (pkt.icmp_error)
-		return handle_icmp_error(table, ep, ifindex, dir, &pkt);
+		return handle_icmp_error(&ct, ep, ifindex, dir, &pkt);
 	if (dir == SL_DIR_INGRESS) {
 		err = judge_source(ifindex, &pkt);
 		if (err)
 			return err;
 	}
 
-	e = ct_find(table, ifindex, &pkt.flow, &k, &reply);
+	e = ct_find(&ct, dir, ifindex, &pkt.flow, &k, &reply);
+	table = ct_share(&ct, reply ? ct_opposite(dir) : dir);
 	if (e && ct_is_syn(&pkt)) {
 		/* A SYN opens a flow: it is never a reply, and it starts afresh
 		 * when it reuses the 5-tuple of a closing or closed one. */
@@ -256,11 +261,11 @@ static __always_inline int handle_packet(struct __sk_buff *skb, __u32 dir)
 			e = 0;
 	}
 	if (e) {
-		if (!ct_recheck(table, ep, ifindex, &k, e))
+		if (!ct_recheck(&ct, table, ep, ifindex, &k, e))
 			return verdict_drop(ifindex, dir, SL_DROP_FLOW_CUT, &pkt.flow);
 		ct_touch(e, reply, pkt.tcp_flags);
 		if (pkt.fragment == SL_FRAG_FIRST)
-			ct_frag_create(table, ifindex, &pkt, ep->policy_gen, dir,
+			ct_frag_create(ct_share(&ct, dir), ifindex, &pkt, ep->policy_gen, dir,
 				       (e->flags & SL_FRAG_INHERITED) |
 					       (reply ? SL_CT_SEEN_REPLY : 0));
 		return verdict_pass(dir, reply ? SL_ALLOWED_REPLY : SL_ALLOWED);
@@ -286,6 +291,8 @@ static __always_inline int handle_packet(struct __sk_buff *skb, __u32 dir)
 	}
 	if (!allowed)
 		return verdict_drop(ifindex, dir, SL_DENIED_POLICY, &pkt.flow);
+	/* Charged to the direction that opens it: its own share. */
+	table = ct_share(&ct, dir);
 	if (ct_creates(&pkt))
 		ct_create(table, ifindex, &pkt.flow, ep->policy_gen, dir, flags);
 	if (pkt.fragment == SL_FRAG_FIRST)

@@ -41,7 +41,7 @@
  * deleted yet. Conntrack tables: one per endpoint, plus the pool of empty
  * ones and garbage. */
 #define SL_MAX_POLICIES		(4 * SL_MAX_ENDPOINTS)
-#define SL_MAX_CT_TABLES	(2 * SL_MAX_ENDPOINTS)
+#define SL_MAX_CT_TABLES	(4 * SL_MAX_ENDPOINTS)	/* two shares, twice the endpoints */
 #define SL_MAX_POD_IPS		(4 * SL_MAX_ENDPOINTS)
 #define SL_EVENTS_BYTES		(256 * 1024)
 /* Pod ranges of the cluster (a node's podCIDR, or each /28 it claimed) and the

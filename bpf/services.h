@@ -14,7 +14,7 @@
  * is a local endpoint (ep_by_ip; from-pod drops spoofed sources, so the
  * source is trustworthy) with isolated egress, and whose flow the source's
  * conntrack does not hold, is judged by the SOURCE's egress policy:
- * allowed, it gets an SL_CT_POST_DNAT entry in the source's table (later
+ * allowed, it gets an SL_CT_POST_DNAT entry in the source's outbound table (later
  * packets pass by it, and a tightened policy cuts it on its next packet);
  * denied, it is dropped and counted as the source's egress denial. Flows
  * the source's conntrack holds otherwise were judged where the pod sent
@@ -34,6 +34,7 @@ static __always_inline int judge_source(__u32 self, struct sl_packet *pkt)
 	struct sl_endpoint *src;
 	struct sl_ct_entry *e;
 	struct sl_ct_key k;
+	struct sl_ct_shares ct;
 	__u32 *found, owner;
 	void *table;
 	int reply = 0;
@@ -49,10 +50,11 @@ static __always_inline int judge_source(__u32 self, struct sl_packet *pkt)
 	src = endpoints.lookup(&owner);
 	if (!src || src->egress_policy == SL_NONE)
 		return 0;
-	table = ct_table(src);
-	if (!table)
+	if (!ct_shares(src, &ct))
 		return 0;
-	e = ct_find(table, owner, &pkt->flow, &k, &reply);
+	/* The packet leaves src: a flow src opened, or a reply to one opened toward it. */
+	e = ct_find(&ct, SL_DIR_EGRESS, owner, &pkt->flow, &k, &reply);
+	table = reply ? ct.in : ct.out;
 	if (e && (e->flags & SL_CT_POST_DNAT) && ct_is_syn(pkt) && ct_is_closing(e)) {
 		ct_remove(table, owner, &k);	/* a new flow reusing the 5-tuple */
 		e = 0;
@@ -74,7 +76,7 @@ static __always_inline int judge_source(__u32 self, struct sl_packet *pkt)
 	if (!policy_allows(src->egress_policy, pkt->flow.daddr, pkt->flow.proto, pkt->flow.dport))
 		return verdict_drop(owner, SL_DIR_EGRESS, SL_DENIED_POLICY, &pkt->flow);
 	if (ct_creates(pkt))
-		ct_create(table, owner, &pkt->flow, src->policy_gen, SL_DIR_EGRESS,
+		ct_create(ct.out, owner, &pkt->flow, src->policy_gen, SL_DIR_EGRESS,
 			  SL_CT_POST_DNAT);
 	return 0;
 }

@@ -82,8 +82,12 @@ struct sl_rule {
 	struct sl_port_range ranges[SL_MAX_RANGES];
 };
 
-/* Conntrack: one LRU table per endpoint (ct_tables[ct_slot]), so a pod can
- * only ever evict its own entries. A flow is keyed in the direction of its
+/* Conntrack: two LRU tables per endpoint, its two shares: ct_tables[ct_slot]
+ * holds the flows the pod opened, ct_tables[ct_slot | SL_CT_INBOUND] the
+ * flows opened toward it (and the fragments each way). A pod only ever
+ * evicts its own entries, and a peer that opens flows to it by the
+ * thousand evicts only other inbound flows, never the replies the pod
+ * waits for. A flow is keyed in the direction of its
  * first packet; replies match the reversed key. ICMP echo: a request is
  * (id, 0), its reply (0, id), so only a reply matches a request.
  * A fragment entry (kind SL_CT_FRAG) remembers an allowed first fragment
@@ -91,6 +95,7 @@ struct sl_rule {
  */
 #define SL_CT_FLOW	0
 #define SL_CT_FRAG	1
+#define SL_CT_INBOUND	(1u << 31)	/* the ct_tables key bit of the inbound share */
 
 struct sl_ct_key {
 	__be32 saddr;

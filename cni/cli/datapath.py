@@ -143,6 +143,7 @@ def show_report(bpf_dir: str) -> dict[str, Any]:
                     if table is None
                     else {
                         "entries": table.entries,
+                        "inbound": table.inbound,
                         "max": table.capacity,
                         "created": table.created,
                         "removed": table.removed,
@@ -224,7 +225,8 @@ def show(conf_path: str | None, bpf_dir: str | None, output: str) -> None:
         ct = ep["conntrack"]
         if ct is not None:
             click.echo(
-                f"  {'':<9}conntrack {ct['entries']}/{ct['max']}, created {ct['created']}, "
+                f"  {'':<9}conntrack {ct['entries']}/{ct['max']} ({ct['inbound']} inbound), "
+                f"created {ct['created']}, "
                 f"removed {ct['removed']}, evicted {ct['evicted']}"
                 + (f"; addresses {', '.join(ep['ips'])}" if len(ep["ips"]) > 1 else "")
             )

@@ -29,6 +29,8 @@ from cni.datapath import bpf, rcu
 from cni.datapath.lock import StateLock
 from cni.datapath.structs import (
     COUNTED_DIRECTIONS,
+    CT_INBOUND,
+    CT_SHARES,
     DIRECTIONS,
     NONE,
     REASONS,
@@ -88,15 +90,21 @@ class DatapathMismatch(DatapathMissing):
     """What is pinned under bpfDir was built with other struct layouts."""
 
 
+def ct_key(slot: int, inbound: bool) -> int:
+    """The ct_tables key of one share of a slot."""
+    return slot | CT_INBOUND if inbound else slot
+
+
 class TableFill(NamedTuple):
-    """One endpoint's conntrack table: live entries, capacity, and what the datapath
-    created and removed since attach (the LRU evicted the rest)."""
+    """One endpoint's conntrack (both shares together): live entries, capacity, and
+    what the datapath created and removed since attach (the LRUs evicted the rest)."""
 
     ifindex: int
     entries: int
     capacity: int
     created: int
     removed: int
+    inbound: int = 0  # of the entries, those in the share of flows opened toward it
 
     @property
     def evicted(self) -> int:
@@ -392,11 +400,12 @@ class Datapath:
         return self.config().ct_per_endpoint or DEFAULT_CT_ENTRIES
 
     def insert_tables(self, slots: list[int], entries: int) -> None:
-        """Fresh, empty tables of ``entries`` entries in these slots (replacing any they
-        had), in one batch: one grace period."""
+        """Fresh, empty tables of ``entries`` entries in these slots, both shares of each
+        (replacing any they had), in one batch: one grace period."""
+        keys = [ct_key(slot, inbound) for slot in slots for inbound in CT_SHARES]
         fds: list[int] = []
         try:
-            for _ in slots:
+            for _ in keys:
                 fds.append(
                     bpf.map_create(
                         bpf.MAP_TYPE_LRU_HASH,
@@ -407,13 +416,21 @@ class Datapath:
                         "sl_ct",
                     )
                 )
-            self._insert_inner("ct_tables", slots, fds)
+            self._insert_inner("ct_tables", keys, fds)
         finally:
             for fd in fds:
                 os.close(fd)
 
     def delete_table(self, slot: int) -> bool:
-        return self._delete_inner("ct_tables", slot)
+        """Both shares of the slot, in one batch: one grace period if any was there."""
+        keys = (ctypes.c_uint32 * 2)(*(ct_key(slot, inbound) for inbound in CT_SHARES))
+        deleted = bpf.map_delete_batch(self.fd("ct_tables"), keys)
+        rcu.count_waits(int(deleted > 0))
+        return deleted > 0
+
+    def ct_slots(self) -> set[int]:
+        """The slots that have a table in ct_tables (either share)."""
+        return {key & ~CT_INBOUND for key in self.inner_maps("ct_tables")}
 
     def give_back_table(self, slot: int) -> None:
         """A table whose endpoint is gone: dirty until the reaper refills or deletes it.
@@ -438,33 +455,37 @@ class Datapath:
 
     def ct_tables(self) -> list[int]:
         """ifindexes of the endpoints that have a conntrack table."""
-        slots = self.inner_maps("ct_tables")
+        slots = self.ct_slots()
         return [i for i, ep in self.endpoints().items() if ep.ct_slot in slots]
 
-    def open_ct_table(self, ifindex: int) -> int | None:
-        """An fd for the endpoint's conntrack table (the caller closes it)."""
+    def open_ct_table(self, ifindex: int, inbound: bool = False) -> int | None:
+        """An fd for one share of the endpoint's conntrack (the caller closes it):
+        the flows it opened, or (``inbound``) the flows opened toward it."""
         endpoint = self.endpoint(ifindex)
         map_id = ctypes.c_uint32()
         if endpoint is None or endpoint.ct_slot == NONE:
             return None
-        if not bpf.map_lookup(self.fd("ct_tables"), ctypes.c_uint32(endpoint.ct_slot), map_id):
+        key = ctypes.c_uint32(ct_key(endpoint.ct_slot, inbound))
+        if not bpf.map_lookup(self.fd("ct_tables"), key, map_id):
             return None
         return bpf.map_get_fd_by_id(map_id.value)
 
-    def flows(self, ifindex: int) -> list[tuple[CTKey, CTEntry]]:
-        """The entries of one endpoint's conntrack table (flows and fragments)."""
-        fd = self.open_ct_table(ifindex)
-        if fd is None:
-            return []
-        try:
-            found = []
-            for key in iterate(fd, CTKey):
-                value = CTEntry()
-                if bpf.map_lookup(fd, key, value):
-                    found.append((key, value))
-            return found
-        finally:
-            os.close(fd)
+    def flows(self, ifindex: int, inbound: bool | None = None) -> list[tuple[CTKey, CTEntry]]:
+        """The entries (flows and fragments) of one share of the endpoint's conntrack,
+        or (None) of both, the outbound share's first."""
+        found = []
+        for share in CT_SHARES if inbound is None else (inbound,):
+            fd = self.open_ct_table(ifindex, share)
+            if fd is None:
+                continue
+            try:
+                for key in iterate(fd, CTKey):
+                    value = CTEntry()
+                    if bpf.map_lookup(fd, key, value):
+                        found.append((key, value))
+            finally:
+                os.close(fd)
+        return found
 
     def sweep_flows(self, ifindexes: Iterable[int]) -> None:
         """Forget every flow of these endpoints: each gets a fresh, empty table of the
@@ -481,18 +502,24 @@ class Datapath:
             self.insert_tables(slots, size)
 
     def table_fill(self, ifindex: int) -> TableFill | None:
-        fd = self.open_ct_table(ifindex)
-        if fd is None:
-            return None
-        try:
-            capacity = bpf.map_info(fd).max_entries
-            # A chunk of entries per system call, never two calls per entry.
-            entries = len(bpf.map_lookup_batch(fd, CTKey, CTEntry, chunk=4096))
-        finally:
-            os.close(fd)
+        entries = capacity = inbound_entries = 0
+        for inbound in CT_SHARES:
+            fd = self.open_ct_table(ifindex, inbound)
+            if fd is None:
+                return None
+            try:
+                capacity += bpf.map_info(fd).max_entries
+                # A chunk of entries per system call, never two calls per entry.
+                found = len(bpf.map_lookup_batch(fd, CTKey, CTEntry, chunk=4096))
+            finally:
+                os.close(fd)
+            entries += found
+            inbound_entries += found if inbound else 0
         stats = EpStats()
         bpf.map_lookup(self.fd("ep_stats"), ctypes.c_uint32(ifindex), stats)
-        return TableFill(ifindex, entries, capacity, stats.ct_created, stats.ct_removed)
+        return TableFill(
+            ifindex, entries, capacity, stats.ct_created, stats.ct_removed, inbound_entries
+        )
 
     # -- config and counters --------------------------------------------------------------
 

@@ -134,7 +134,7 @@ def _pass(datapath: Datapath, pool: int, stock: bool, full: bool) -> Reaped:
         free = ctpool.free_tables(datapath)
         dirty = ctpool.dirty_tables(datapath)
         if full:
-            dirty |= set(datapath.inner_maps("ct_tables")) - used_slots - set(free)
+            dirty |= datapath.ct_slots() - used_slots - set(free)
         resized = [slot for slot, size in free.items() if size != entries]
         for slot in resized:
             del free[slot]

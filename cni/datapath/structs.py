@@ -29,6 +29,10 @@ MAX_RANGES = 8
 
 CT_FLOW = 0
 CT_FRAG = 1
+# ct_tables[slot] holds the flows an endpoint opened, ct_tables[slot | CT_INBOUND]
+# the flows opened toward it: each direction evicts only its own share.
+CT_INBOUND = 1 << 31
+CT_SHARES = (False, True)  # outbound, inbound
 
 CT_SEEN_REPLY = 1 << 0
 CT_FIN_ORIG = 1 << 1

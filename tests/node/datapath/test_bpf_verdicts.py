@@ -20,7 +20,15 @@ import pytest
 from cni.datapath import bpf, loader
 from cni.datapath import policy as P
 from cni.datapath.maps import Datapath
-from cni.datapath.structs import CT_POST_DNAT, CT_SERVICE, CTEntry, CTKey, Endpoint, ip_be
+from cni.datapath.structs import (
+    CT_POST_DNAT,
+    CT_SERVICE,
+    CT_SHARES,
+    CTEntry,
+    CTKey,
+    Endpoint,
+    ip_be,
+)
 from tests.harness import packets as pk
 from tests.harness.cni_run import SESSION_TAG, TEST_BPF_DIR
 
@@ -175,15 +183,16 @@ def test_fragments_follow_their_first_fragment_age_and_are_rechecked(bench: Benc
 
 
 def age_entries(dp: Datapath, ifindex: int) -> None:
-    """Make every entry of the endpoint's table look a day old."""
-    fd = dp.open_ct_table(ifindex)
-    assert fd is not None
-    try:
-        for key, value in dp.flows(ifindex):
-            value.last_seen = max(0, value.last_seen - 86400 * 10**9)
-            bpf.map_update(fd, key, value)
-    finally:
-        os.close(fd)
+    """Make every entry of the endpoint's tables look a day old."""
+    for inbound in CT_SHARES:
+        fd = dp.open_ct_table(ifindex, inbound)
+        assert fd is not None
+        try:
+            for key, value in dp.flows(ifindex, inbound):
+                value.last_seen = max(0, value.last_seen - 86400 * 10**9)
+                bpf.map_update(fd, key, value)
+        finally:
+            os.close(fd)
 
 
 # -- ICMP errors ---------------------------------------------------------------------------
@@ -314,11 +323,35 @@ def test_one_pod_cannot_evict_another_pods_flows(bench: Bench) -> None:
         assert bench.out_of(bench.a, pk.eth(pk.ipv4(A_IP, PEER, 17, pk.udp(sport, 53)))) == PASS
     assert len(bench.dp.flows(bench.b)) == 1
     fill = bench.dp.table_fill(bench.a)
-    assert fill is not None and fill.capacity == 64 and fill.created == 500
+    assert fill is not None and fill.capacity == 2 * 64 and fill.created == 500
     assert fill.entries <= 64 and fill.evicted == 500 - fill.entries
     reply = pk.eth(pk.ipv4(PEER, B_IP, 17, pk.udp(53, 6000)))
     bench.policy(bench.b, egress=(rule(f"{PEER}/32", P.Ports("udp", 53)),), ingress=())
     assert bench.into(bench.b, reply) == PASS, "b's reply still finds its entry"
+
+
+def test_inbound_flows_never_evict_the_flows_a_pod_opened(bench: Bench) -> None:
+    """Tables of 64 entries each: PEER (allowed in) opens 500 flows to b; the answer
+    to b's own query still finds its entry, and the mirror: b opening 500 flows keeps
+    the one PEER opened to it."""
+    bench.policy(
+        bench.b,
+        egress=(rule(f"{PEER}/32", P.Ports("udp", 53)), rule(f"{C_IP}/32")),
+        ingress=(rule(f"{PEER}/32", P.Ports("udp", 9000)),),
+    )
+    query = pk.eth(pk.ipv4(B_IP, PEER, 17, pk.udp(6000, 53)))
+    assert bench.out_of(bench.b, query) == PASS
+    for sport in range(1000, 1500):
+        assert bench.into(bench.b, pk.eth(pk.ipv4(PEER, B_IP, 17, pk.udp(sport, 9000)))) == PASS
+    assert len(bench.dp.flows(bench.b, inbound=False)) == 1
+    assert len(bench.dp.flows(bench.b, inbound=True)) <= 64
+    assert bench.into(bench.b, pk.eth(pk.ipv4(PEER, B_IP, 17, pk.udp(53, 6000)))) == PASS
+    # The mirror: PEER's flow into b, then b floods C; b's answer to PEER still passes.
+    ask = pk.eth(pk.ipv4(PEER, B_IP, 17, pk.udp(7000, 9000)))
+    assert bench.into(bench.b, ask) == PASS
+    for sport in range(1000, 1500):
+        assert bench.out_of(bench.b, pk.eth(pk.ipv4(B_IP, C_IP, 17, pk.udp(sport, 80)))) == PASS
+    assert bench.out_of(bench.b, pk.eth(pk.ipv4(B_IP, PEER, 17, pk.udp(9000, 7000)))) == PASS
 
 
 def test_no_endpoint_or_no_table_fails_closed(bench: Bench) -> None:

@@ -499,8 +499,8 @@ def test_sluicectl_datapath_views(trio: list[Pod], dp: Datapath) -> None:
     mine = {ep["ifindex"]: ep for ep in shown["endpoints"]}[b.ifindex]
     assert mine["ip"] == b.ip and mine["isolated"] == ["ingress"] and mine["veth"] == b.veth
     assert mine["attached"] == ["from_pod", "to_pod"] and shown["current"]
-    assert mine["ips"] == [b.ip] and mine["conntrack"]["max"] == 4096
-    assert {"entries", "created", "removed", "evicted"} <= set(mine["conntrack"])
+    assert mine["ips"] == [b.ip] and mine["conntrack"]["max"] == 2 * 4096
+    assert {"entries", "inbound", "created", "removed", "evicted"} <= set(mine["conntrack"])
     table = sluicectl("datapath", "show", "--bpf-dir", TEST_BPF_DIR).stdout
     assert "conntrack " in table and "evicted" in table
     counters = json.loads(

@@ -13,8 +13,9 @@ from pathlib import Path
 
 from cni.datapath import bpf, ctpool, endpoint
 from cni.datapath import policy as P
-from cni.datapath.maps import Datapath
+from cni.datapath.maps import Datapath, ct_key
 from cni.datapath.policy import PolicyError
+from cni.datapath.structs import CT_SHARES
 from tests.harness.cni_run import TEST_BPF_DIR, Network, PodNamespaces, node_veth
 
 SECONDS = float(os.environ.get("SLUICE_CHURN_SECONDS", "60"))
@@ -172,7 +173,8 @@ def check_state(live: dict[str, tuple[str, int]], installed: dict[int, int]) -> 
         assert set(dp.endpoint_ips().values()) <= alive, "addresses of gone veths"
         referenced = {ep.policy(d) for ep in endpoints.values() for d in (0, 1)} - {0}
         assert policy_ids == referenced, "policy maps no endpoint uses, or missing ones"
-        slots = set(dp.inner_maps("ct_tables"))
+        tables = set(dp.inner_maps("ct_tables"))
         in_use = {ep.ct_slot for ep in endpoints.values()}
-        assert slots == in_use | set(ctpool.free_tables(dp)), "tables neither in use nor free"
+        wanted = {ct_key(s, i) for s in in_use | set(ctpool.free_tables(dp)) for i in CT_SHARES}
+        assert tables == wanted, "tables neither in use nor free, or a share missing"
         assert not ctpool.dirty_tables(dp), "dirty tables left after GC"

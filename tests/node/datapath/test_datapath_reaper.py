@@ -17,8 +17,8 @@ import pytest
 
 from cni.datapath import bpf, ctpool, loader, reaper
 from cni.datapath import policy as P
-from cni.datapath.maps import Datapath, iterate
-from cni.datapath.structs import NONE, CTKey
+from cni.datapath.maps import Datapath, ct_key, iterate
+from cni.datapath.structs import CT_SHARES, NONE, CTKey
 from tests.harness.agent import AgentNetwork, namespace, policy
 from tests.harness.cni_run import TEST_BPF_DIR, Network, PodNamespaces, node_veth
 
@@ -41,7 +41,8 @@ def in_use(dp: Datapath) -> tuple[set[int], set[int]]:
 def assert_no_garbage(dp: Datapath) -> None:
     slots, ids = in_use(dp)
     assert not ctpool.dirty_tables(dp), "dirty tables"
-    assert set(dp.inner_maps("ct_tables")) == slots | set(ctpool.free_tables(dp)), "stray tables"
+    wanted = {ct_key(s, i) for s in slots | set(ctpool.free_tables(dp)) for i in CT_SHARES}
+    assert set(dp.inner_maps("ct_tables")) == wanted, "stray tables, or a share missing"
     assert set(dp.inner_maps("peers")) == ids, "peer maps no endpoint uses"
     assert set(dp.inner_maps("rules")) == ids, "rule maps no endpoint uses"
     assert set(dp.policy_index().values()) == ids, "index entries no endpoint uses"
