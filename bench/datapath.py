@@ -7,8 +7,10 @@ configurations, interleaved within each round (the order rotates per round)
 so that machine noise hits all of them alike:
 
     no program        the pods' node-side veths without the sluice programs
-                      (their programs detached; endpoint entries kept)
-    program, no pol.  what the plugin attaches with "policy": "off"
+                      (their programs detached; endpoint entries kept), and
+                      no after_nat on netfilter's hooks
+    program, no pol.  what the plugin attaches with "policy": "off", and
+                      after_nat on FORWARD and LOCAL_IN as the agent puts it
     1,000 rules       programs, and a 1,000-rule ingress policy on the server pod
     10,000 rules      programs, and a 10,000-rule ingress policy on the server pod
     iptables 1,000    no programs; the same 1,000 rules as an iptables FORWARD
@@ -88,6 +90,7 @@ from dpbench.plumbing import in_pod, on_sigterm, quietly, run
 from dpbench.report import report
 from dpbench.topology import Topology
 
+from cni.datapath import after_nat
 from cni.datapath import policy as P
 from cni.datapath.events import DenyEvent, RingBuffer
 from cni.datapath.maps import Datapath
@@ -120,6 +123,8 @@ class Bench:
         self.ring = RingBuffer(self.dp.path("events"))
         self.stack.callback(self.ring.close)
         self.policies, self.sizes = build_policies(self.client.ip)
+        after_nat.attach(self.dp)  # as the agent puts it; off with the programs
+        self.stack.callback(quietly, "detach after_nat", after_nat.detach, self.dp)
 
     def enter(self, config: Config) -> None:
         """Make the node look like ``config``, changing only what differs."""
@@ -132,6 +137,10 @@ class Bench:
             P.install(self.dp, self.server.ifindex, policy)
         if have[0] != want[0]:
             self.topology.set_programs(want[0])
+            if want[0]:
+                after_nat.attach(self.dp)
+            else:
+                after_nat.detach(self.dp)
         self.topology.check_hooks(want[0])
         if want[2] and have[2] != want[2]:
             self.chain.add(want[2], self.server.veth, self.client.ip)

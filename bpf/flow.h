@@ -282,6 +282,9 @@ static __always_inline int handle_packet(struct __sk_buff *skb, __u32 dir)
 	if (flags || !isolated(ep, dir)) {
 		allowed = 1;
 	} else if (dir == SL_DIR_EGRESS && service_ips.lookup(&pkt.flow.daddr)) {
+		/* Judged after DNAT (after_nat.c); while nothing does, refused. */
+		if (!services_judged())
+			return verdict_drop(ifindex, dir, SL_DROP_UNJUDGED, &pkt.flow);
 		allowed = 1;
 		flags = SL_CT_SERVICE;
 		reason = SL_DEFERRED_SERVICE;

@@ -4,21 +4,25 @@
  *
  * API:
  *   int judge_source(self, pkt)     0 to go on, or TC_ACT_SHOT (counted)
+ *   int services_judged()           is after_nat.c on netfilter's hooks
  *
  * The from-pod program runs before kube-proxy's DNAT: a new flow of an
  * egress-isolated pod to a ClusterIP (service_ips) is not judged there; it
- * gets a conntrack entry marked SL_CT_SERVICE and passes. After DNAT the
- * flow meets the datapath again with the backend's address and target port:
- * on the backend's veth (to-pod, when the backend is local) or on the
- * node's uplink (uplink.c, when it is not). There, a packet whose source
- * is a local endpoint (ep_by_ip; from-pod drops spoofed sources, so the
- * source is trustworthy) with isolated egress, and whose flow the source's
+ * gets a conntrack entry marked SL_CT_SERVICE and passes, and only while
+ * after_nat.c is on netfilter's FORWARD and LOCAL_IN hooks (else it is
+ * dropped: drop-unjudged). After DNAT the flow meets the datapath with the
+ * backend's address and target port, and still the pod's source: on those
+ * hooks, whatever device it will leave by and before any masquerading, or
+ * on a node address (a hostNetwork backend); and again on the backend's veth
+ * (to-pod) or the node's uplink (uplink.c). There, a packet whose source is
+ * a local endpoint (ep_by_ip; from-pod drops spoofed sources, so the source
+ * is trustworthy) with isolated egress, and whose flow the source's
  * conntrack does not hold, is judged by the SOURCE's egress policy:
- * allowed, it gets an SL_CT_POST_DNAT entry in the source's outbound table (later
- * packets pass by it, and a tightened policy cuts it on its next packet);
- * denied, it is dropped and counted as the source's egress denial. Flows
- * the source's conntrack holds otherwise were judged where the pod sent
- * them (or are replies of flows it accepted) and go on.
+ * allowed, it gets an SL_CT_POST_DNAT entry in the source's outbound table
+ * (later packets pass by it, and a tightened policy cuts it on its next
+ * packet); denied, it is dropped and counted as the source's egress denial.
+ * Flows the source's conntrack holds otherwise were judged where the pod
+ * sent them (or are replies of flows it accepted) and go on.
  */
 #ifndef __SL_SERVICES_H__
 #define __SL_SERVICES_H__
@@ -79,6 +83,15 @@ static __always_inline int judge_source(__u32 self, struct sl_packet *pkt)
 		ct_create(ct.out, owner, &pkt->flow, src->policy_gen, SL_DIR_EGRESS,
 			  SL_CT_POST_DNAT);
 	return 0;
+}
+
+/* Is after_nat.c on netfilter's hooks, judging flows to ClusterIPs after DNAT? */
+static __always_inline int services_judged(void)
+{
+	__u32 zero = 0;
+	struct sl_config *cfg = config.lookup(&zero);
+
+	return cfg && cfg->after_nat;
 }
 
 #endif /* __SL_SERVICES_H__ */

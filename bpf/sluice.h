@@ -165,7 +165,7 @@ struct sl_config {
 	__be16 tunnel_port;		/* UDP port of the node's tunnel; 0: routing is native */
 	__u16 pad;
 	__u32 tunnel_vni;		/* the tunnel's VXLAN network identifier */
-	__u32 pad2;
+	__u32 after_nat;		/* 1: after_nat is on netfilter's hooks (judges service flows) */
 };
 
 /* Rate-limited deny events, through the ring buffer. */

@@ -34,6 +34,7 @@
 					 * outside that peer's pod ranges */
 #define SL_DROP_FORGED_SOURCE	14	/* from the node network with a pod's source, not from the
 					 * node that holds it */
-#define SL_REASONS		15
+#define SL_DROP_UNJUDGED	15	/* to a ClusterIP while nothing judges flows after DNAT */
+#define SL_REASONS		16
 
 #endif /* __SL_VOCABULARY_H__ */

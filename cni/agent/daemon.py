@@ -38,7 +38,7 @@ from cni.agent.pod_ranges import PodRangeKeeper
 from cni.agent.server import AgentServer, prepare_directory
 from cni.agent.shard_source import controller_collections
 from cni.agent.state import AgentState, EndpointRecord
-from cni.datapath import endpoint, loader
+from cni.datapath import after_nat, bpf, endpoint, loader
 from cni.datapath.maps import Datapath
 from cni.datapath.reaper import Reaper
 from cni.kube.api import Api
@@ -124,6 +124,7 @@ class Agent:
         self.datapath = Datapath(conf.bpf_dir)
         self._configure_tunnel()
         self._attach_uplinks()
+        self._attach_after_nat()
         self.reaper = Reaper(self.datapath)
         self.reaper.start()
         self.state = AgentState(conf.state_dir, conf.network)
@@ -279,6 +280,20 @@ class Agent:
                     log.info("judging service flows leaving through %s", name)
                 except CNIError as err:
                     log.warning("no uplink program on %s: %s", name, err.details)
+
+    def _attach_after_nat(self) -> None:
+        """The program that judges service flows after DNAT, on netfilter's hooks
+        (idempotent; it stays attached when the agent stops). Without it, flows to
+        ClusterIPs from egress-isolated pods are refused (fail closed)."""
+        try:
+            after_nat.attach(self.datapath)
+            log.info("judging service flows after DNAT on netfilter's FORWARD and LOCAL_IN")
+        except bpf.BPFError as err:
+            log.error(
+                "no program judges service flows after DNAT (%s): egress-isolated pods "
+                "cannot reach ClusterIPs",
+                err,
+            )
 
     def _judge_uplink(self, name: str) -> None:
         """Attach the uplink program to ``name`` (the route keeper's tunnel); raises

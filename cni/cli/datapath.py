@@ -97,7 +97,7 @@ def load(conf_path: str | None, bpf_dir: str | None, force: bool, replace: bool)
 
 
 def show_report(bpf_dir: str) -> dict[str, Any]:
-    from cni.datapath import bpf, loader
+    from cni.datapath import after_nat, bpf, loader
     from cni.datapath.endpoint import HOOKS, UPLINK_HOOKS, attached_programs, uplinks
     from cni.datapath.maps import MAPS
     from cni.datapath.structs import ip_str
@@ -172,6 +172,7 @@ def show_report(bpf_dir: str) -> dict[str, Any]:
             name: getattr(dp.config(), name) for name, _ in dp.config()._fields_ if name != "pad"
         }
         uplink_names = [links[i].get("IFLA_IFNAME") if i in links else str(i) for i in uplinks(dp)]
+        after_nat_hooks = after_nat.attached(dp)
     return {
         "bpfDir": bpf_dir,
         "current": loader.is_current(bpf_dir),
@@ -181,6 +182,7 @@ def show_report(bpf_dir: str) -> dict[str, Any]:
         "mapFill": fill,
         "config": config,
         "uplinks": uplink_names,
+        "afterNat": after_nat_hooks,
         "endpoints": endpoints,
     }
 
@@ -232,6 +234,8 @@ def show(conf_path: str | None, bpf_dir: str | None, output: str) -> None:
             )
     if report["uplinks"]:
         click.echo(f"  uplinks  {', '.join(report['uplinks'])}")
+    judged = ", ".join(report["afterNat"]) or "none: flows to ClusterIPs from isolated pods refused"
+    click.echo(f"  after DNAT (netfilter) {judged}")
 
 
 @datapath.command()

@@ -29,6 +29,11 @@ MAP_LOOKUP_BATCH = 24
 MAP_UPDATE_BATCH = 26
 MAP_DELETE_BATCH = 27
 LINK_CREATE = 28
+PROG_TYPE_NETFILTER = 32
+NETFILTER = 45  # attach type of netfilter links (kernel 6.4 and later)
+NFPROTO_IPV4 = 2
+NF_INET_LOCAL_IN = 1
+NF_INET_FORWARD = 2
 LINK_UPDATE = 29
 
 # tcx attach points (kernel 6.6 and later): no qdisc, several programs per hook.
@@ -464,6 +469,30 @@ def link_create(prog_fd: int, ifindex: int, attach_type: int) -> int:
     """Attach a program to a device hook with a bpf_link (tcx); the caller pins or closes it."""
     attr = _LinkCreate(prog_fd=prog_fd, target_ifindex=ifindex, attach_type=attach_type)
     return _bpf(LINK_CREATE, attr, f"failed to attach to ifindex {ifindex}")
+
+
+class _NetfilterLinkCreate(ctypes.Structure):
+    _fields_ = [
+        ("prog_fd", ctypes.c_uint32),
+        ("target_fd", ctypes.c_uint32),
+        ("attach_type", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
+        ("pf", ctypes.c_uint32),
+        ("hooknum", ctypes.c_uint32),
+        ("priority", ctypes.c_int32),
+        ("nf_flags", ctypes.c_uint32),
+        ("padding", ctypes.c_uint8 * 104),
+    ]
+
+
+def netfilter_link_create(prog_fd: int, hooknum: int, priority: int) -> int:
+    """Attach a netfilter program to an IPv4 hook of the caller's network namespace with
+    a bpf_link; the caller pins or closes it. (Such links cannot change program.)"""
+    attr = _NetfilterLinkCreate(
+        prog_fd=prog_fd, attach_type=NETFILTER, pf=NFPROTO_IPV4, hooknum=hooknum,
+        priority=priority,
+    )  # fmt: skip
+    return _bpf(LINK_CREATE, attr, f"failed to attach to netfilter hook {hooknum}")
 
 
 def link_update(link_fd: int, prog_fd: int) -> None:

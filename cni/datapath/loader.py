@@ -31,8 +31,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from cni.datapath import bpf
-from cni.datapath.maps import MAPS, PROGRAMS, Datapath, DatapathMismatch
+from cni.datapath import after_nat, bpf
+from cni.datapath.maps import MAPS, NF_PROGRAMS, PROGRAMS, Datapath, DatapathMismatch
 from cni.datapath.settings import DatapathSettings
 from cni.spec.errors import ERR_KERNEL, CNIError
 from cni.spec.log import logger
@@ -67,7 +67,9 @@ def inline_includes(path: Path, seen: set[Path] | None = None) -> str:
 def program_source() -> str:
     """Every entry file in one compilation unit (one compile, shared helpers)."""
     seen: set[Path] = set()
-    return "".join(inline_includes(SOURCE_DIR / f"{name}.c", seen) for name in PROGRAMS)
+    return "".join(
+        inline_includes(SOURCE_DIR / f"{name}.c", seen) for name in (*PROGRAMS, *NF_PROGRAMS)
+    )
 
 
 def source_hash(bpf_dir: str, settings: DatapathSettings | None = None) -> str:
@@ -185,7 +187,8 @@ def _refuse_other_layout(bpf_dir: str, settings: DatapathSettings | None) -> Non
 
 
 def _unpin_all(bpf_dir: str) -> list[int]:
-    """Unpin an incompatible datapath, keeping the links; return their endpoints."""
+    """Unpin an incompatible datapath, keeping the links (switched to the new programs
+    once they are pinned); return their endpoints."""
     from cni.datapath.endpoint import UPLINK_HOOKS
 
     links = os.path.join(bpf_dir, "links")
@@ -197,7 +200,7 @@ def _unpin_all(bpf_dir: str) -> list[int]:
     )
     for name in os.listdir(bpf_dir):
         path = os.path.join(bpf_dir, name)
-        if name == "links":
+        if name in ("links", after_nat.LINKS):
             continue
         if os.path.isdir(path):
             shutil.rmtree(path, ignore_errors=True)
@@ -220,6 +223,8 @@ def _load(datapath: Datapath, settings: DatapathSettings, stale: list[int] | Non
             "datapath where bcc is",
         ) from None
     defines = [f"-D{name}={value}" for name, value in settings.compiled().items()]
+    skb = skb_offsets()
+    defines += [f"-D{name}={value}" for name, value in (skb or SKB_UNKNOWN).items()]
     try:
         module = BPF(
             text=program_source().encode(),
@@ -230,6 +235,13 @@ def _load(datapath: Datapath, settings: DatapathSettings, stale: list[int] | Non
         raise CNIError(
             ERR_KERNEL, f'failed to compile the datapath into "{bpf_dir}": {err}'
         ) from None
+    for name in NF_PROGRAMS if skb else ():
+        try:
+            functions[name] = module.load_func(
+                name.encode(), bpf.PROG_TYPE_NETFILTER, attach_type=bpf.NETFILTER
+            )
+        except Exception as err:  # an older kernel: service flows stay refused (services.h)
+            log.warning("the kernel refused %s (netfilter programs need 6.4): %s", name, err)
     try:
         # Config and markers first: the programs' pins are what an ADD looks for.
         datapath.set_config(**settings.config_fields())
@@ -249,6 +261,11 @@ def _load(datapath: Datapath, settings: DatapathSettings, stale: list[int] | Non
         from cni.datapath.endpoint import switch_programs
 
         switch_programs(datapath, switched)
+    if os.path.isdir(os.path.join(bpf_dir, after_nat.LINKS)):
+        try:
+            after_nat.attach(datapath)  # new links for the new program
+        except bpf.BPFError as err:
+            log.warning("after_nat is not on netfilter's hooks: %s", err)
     log.info(
         "datapath compiled and pinned in %s (%.1f s, %d endpoints switched)",
         bpf_dir,
@@ -256,6 +273,27 @@ def _load(datapath: Datapath, settings: DatapathSettings, stale: list[int] | Non
         len(switched),
     )
     module.cleanup()
+
+
+# struct sk_buff members bpf/skb.h reads, and their offsets when the kernel has no BTF
+# (after_nat is then not loaded).
+SKB_MEMBERS = {
+    "SL_SKB_HEAD": "head",
+    "SL_SKB_TAIL": "tail",
+    "SL_SKB_NETWORK_HEADER": "network_header",
+}
+SKB_UNKNOWN = dict.fromkeys(SKB_MEMBERS, 0)
+
+
+def skb_offsets() -> dict[str, int] | None:
+    """The running kernel's struct sk_buff offsets bpf/skb.h needs (None: no BTF)."""
+    from cni.datapath import btf
+
+    try:
+        return {define: btf.member_offset("sk_buff", m) for define, m in SKB_MEMBERS.items()}
+    except btf.BTFError as err:
+        log.warning("no netfilter program: %s", err)
+        return None
 
 
 def _pin_markers(bpf_dir: str, settings: DatapathSettings) -> None:

@@ -72,6 +72,8 @@ MAP_LAYOUT = {
 DEFAULT_CT_ENTRIES = 4096
 MAPS = (*MAP_LAYOUT, "events")
 PROGRAMS = ("from_pod", "to_pod", "uplink", "from_network")
+# Netfilter programs (kernel 6.4 and later, with BTF): pinned when the kernel takes them.
+NF_PROGRAMS = ("after_nat",)
 
 
 class PodRangeHolder(NamedTuple):

@@ -144,7 +144,7 @@ class Config(ctypes.Structure):
         ("tunnel_port", u16),  # network order; 0: no tunnel
         ("pad", u16),
         ("tunnel_vni", u32),
-        ("pad2", u32),
+        ("after_nat", u32),  # 1: bpf/after_nat.c judges service flows after DNAT
     ]
 
 

@@ -41,6 +41,7 @@ class Reason(IntEnum):
     DROP_TUNNEL_PORT = 12
     DROP_TUNNEL_PEER = 13
     DROP_FORGED_SOURCE = 14
+    DROP_UNJUDGED = 15
 
     @property
     def label(self) -> str:

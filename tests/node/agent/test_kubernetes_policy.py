@@ -379,3 +379,30 @@ def test_a_new_pod_never_inherits_the_allowances_of_its_addresss_previous_holder
         runtime.cleanup()
         cluster.kubectl("delete", "node", node, "--ignore-not-found")
         api.close()
+
+
+def test_egress_policy_judges_the_api_servers_service(
+    matrix: KubeMatrix, policies: Callable[..., None], k8s_cluster: Cluster
+) -> None:
+    """The kubernetes Service's backend is the API server on the node itself (a
+    hostNetwork backend, reached without leaving by any device): a policy that does
+    not allow it refuses it through the ClusterIP as by address; one that allows the
+    node's address and port lets it through both ways."""
+    service = k8s_cluster.kubectl_json("get", "service", "-n", "default", "kubernetes")
+    endpoints = k8s_cluster.kubectl_json("get", "endpoints", "-n", "default", "kubernetes")
+    api_ip = endpoints["subsets"][0]["addresses"][0]["ip"]
+    api_port = endpoints["subsets"][0]["ports"][0]["port"]
+    targets = [(service["spec"]["clusterIP"], 443, "tcp"), (api_ip, api_port, "tcp")]
+    pod = matrix.pods["x/a"]
+    assert pod.reaches(targets, 2.0) == [True, True], "the premise: x/a reaches the API"
+    only_dns = matrix.policy(
+        "x", "only-dns", podSelector={"matchLabels": {"pod": "a"}}, policyTypes=["Egress"],
+        egress=[DNS],
+    )  # fmt: skip
+    policies(only_dns)
+    eventually(lambda: pod.reaches(targets, 1.0) == [False, False], "the API refused", 60)
+    for _ in range(3):  # and it stays so
+        assert pod.reaches(targets, 1.0) == [False, False]
+    to_api = {"to": [{"ipBlock": {"cidr": f"{api_ip}/32"}}], "ports": [{"port": api_port}]}
+    policies({**only_dns, "spec": {**only_dns["spec"], "egress": [DNS, to_api]}})
+    eventually(lambda: pod.reaches(targets, 2.0) == [True, True], "the API allowed", 60)

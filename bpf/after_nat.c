@@ -1,0 +1,45 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * On netfilter's FORWARD and LOCAL_IN hooks (IPv4): every packet the node
+ * routes or takes for itself, after kube-proxy's DNAT (PREROUTING) and
+ * before any masquerading (POSTROUTING). A flow from a local egress-isolated
+ * pod to a ClusterIP shows here with the backend's address and port and
+ * still the pod's source, whatever device it leaves by (any uplink, the
+ * tunnel, a pod's veth) and when its backend is the node itself (a
+ * hostNetwork pod, the API server): judged by the pod's egress policy
+ * (services.h). Everything else passes: a packet whose source is no local
+ * egress-isolated pod, or whose flow the pod's conntrack holds already.
+ * A packet from such a pod whose headers cannot be read is dropped.
+ */
+#include "services.h"
+#include "skb.h"
+
+#define SL_NF_DROP	0
+#define SL_NF_ACCEPT	1
+
+/* struct bpf_nf_ctx: the hook's state, then the packet. */
+struct sl_nf_ctx {
+	const void *state;
+	void *skb;
+};
+
+int after_nat(struct sl_nf_ctx *ctx)
+{
+	struct sl_packet pkt = {};
+	struct sl_endpoint *src;
+	__u32 *owner, self = 0;
+
+	if (parse_kernel_skb(ctx->skb, &pkt) < 0) {
+		owner = ep_by_ip.lookup(&pkt.flow.saddr);
+		src = owner ? endpoints.lookup(owner) : 0;
+		if (!src || src->egress_policy == SL_NONE)
+			return SL_NF_ACCEPT;
+		verdict_drop(*owner, SL_DIR_EGRESS, SL_DROP_MALFORMED, &pkt.flow);
+		return SL_NF_DROP;
+	}
+	/* A pod reaching itself through its Service is never judged. */
+	owner = ep_by_ip.lookup(&pkt.flow.daddr);
+	if (owner)
+		self = *owner;
+	return judge_source(self, &pkt) ? SL_NF_DROP : SL_NF_ACCEPT;
+}

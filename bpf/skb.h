@@ -1,0 +1,94 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * Parsing a kernel struct sk_buff, as a netfilter program gets it.
+ *
+ * API:
+ *   int parse_kernel_skb(skb, struct sl_packet *pkt)  0, or a negative SL_* reason
+ *
+ * A netfilter program has no bpf_skb_load_bytes: it reads the skb and its
+ * headers with bpf_probe_read_kernel. struct sk_buff changes between
+ * kernels, and the headers bcc compiles against may be another kernel's,
+ * so the offsets of its members are the running kernel's, from its BTF
+ * (cni/datapath/btf.py), compiled in as SL_SKB_*. Headers must lie in the
+ * skb's linear part (netfilter's NAT and conntrack put them there); a packet
+ * whose headers do not is malformed. On FORWARD and LOCAL_IN conntrack has
+ * put fragments together; a later fragment is marked so all the same.
+ * ICMP errors are marked, not parsed further (nobody judges them here).
+ */
+#ifndef __SL_SKB_H__
+#define __SL_SKB_H__
+
+#include "parse.h"
+
+#ifndef SL_SKB_HEAD
+#error "SL_SKB_HEAD, SL_SKB_TAIL, SL_SKB_NETWORK_HEADER: the loader defines them from BTF"
+#endif
+
+static __always_inline int parse_kernel_skb(void *skb, struct sl_packet *pkt)
+{
+	unsigned char *head;
+	struct iphdr ip;
+	__u8 l4[14];
+	__u32 tail, ihl, l4off, need;
+	__u16 nh, frag;
+
+	if (bpf_probe_read_kernel(&head, sizeof(head), skb + SL_SKB_HEAD) < 0 ||
+	    bpf_probe_read_kernel(&tail, sizeof(tail), skb + SL_SKB_TAIL) < 0 ||
+	    bpf_probe_read_kernel(&nh, sizeof(nh), skb + SL_SKB_NETWORK_HEADER) < 0)
+		return -SL_DROP_MALFORMED;
+	if ((__u32)nh + sizeof(ip) > tail ||
+	    bpf_probe_read_kernel(&ip, sizeof(ip), head + nh) < 0)
+		return -SL_DROP_MALFORMED;
+	ihl = ip.ihl & 0xf;
+	if (ip.version != 4 || ihl < 5)
+		return -SL_DROP_MALFORMED;
+	pkt->flow.saddr = ip.saddr;
+	pkt->flow.daddr = ip.daddr;
+	pkt->flow.proto = ip.protocol;
+	pkt->ip_id = ip.id;
+	frag = bpf_ntohs(ip.frag_off);
+	if (frag & SL_IP_OFFSET) {
+		pkt->fragment = SL_FRAG_LATER;
+		return 0;
+	}
+	if (frag & SL_IP_MF)
+		pkt->fragment = SL_FRAG_FIRST;
+
+	switch (ip.protocol) {
+	case IPPROTO_TCP:
+		need = 14;
+		break;
+	case IPPROTO_UDP:
+	case IPPROTO_SCTP:
+		need = 4;
+		break;
+	case IPPROTO_ICMP:
+		need = SL_ICMP_HLEN;
+		break;
+	default:
+		return 0;
+	}
+	l4off = nh + ihl * 4;
+	if (l4off + need > tail)
+		return -SL_DROP_MALFORMED;
+	if (bpf_probe_read_kernel(l4, sizeof(l4), head + l4off) < 0)
+		return -SL_DROP_MALFORMED;
+	if (ip.protocol == IPPROTO_ICMP) {
+		struct icmphdr *icmp = (struct icmphdr *)l4;
+
+		pkt->icmp_type = icmp->type;
+		if (icmp->type == ICMP_ECHO)
+			pkt->flow.sport = icmp->un.echo.id;
+		else if (icmp->type == ICMP_ECHOREPLY)
+			pkt->flow.dport = icmp->un.echo.id;
+		pkt->icmp_error = is_icmp_error(icmp->type);
+		return 0;
+	}
+	__builtin_memcpy(&pkt->flow.sport, &l4[0], 2);
+	__builtin_memcpy(&pkt->flow.dport, &l4[2], 2);
+	if (ip.protocol == IPPROTO_TCP)
+		pkt->tcp_flags = l4[13];
+	return 0;
+}
+
+#endif /* __SL_SKB_H__ */
