@@ -154,12 +154,17 @@ def _caller_gone(sock: socket.socket) -> bool:
 
 
 def prepare_directory(directory: str) -> None:
+    """The socket's directory, the agent's own and closed to others (0700): one made
+    by somebody else (a DaemonSet's hostPath, 0755) is closed; one that others could
+    write to (a socket swapped under the agent) is refused."""
     os.makedirs(directory, mode=0o700, exist_ok=True)
     info = os.stat(directory)
     if info.st_uid != os.geteuid():
         raise ServerError(f'"{directory}" is owned by uid {info.st_uid}, not by the agent')
     if stat.S_IMODE(info.st_mode) & 0o022:
         raise ServerError(f'"{directory}" may be written by others (mode {info.st_mode:o})')
+    if stat.S_IMODE(info.st_mode) & 0o077:
+        os.chmod(directory, 0o700)
 
 
 def _remove_stale(path: str) -> None:

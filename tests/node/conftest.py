@@ -75,7 +75,13 @@ def pods() -> Iterator[PodNamespaces]:
 
 @pytest.fixture(scope="session", autouse=True)
 def nothing_left_behind() -> Iterator[None]:
-    """After the whole run: no test namespace, veth or nftables chain may remain."""
+    """After the whole run: no test namespace, veth or nftables chain may remain.
+    Before it: the datapaths of test sessions that died are unpinned (their links to
+    netfilter's hooks with them, which would judge this session's pods by stale maps)."""
+    for stale in Path("/sys/fs/bpf").glob("slt-*"):
+        pid = stale.name.removeprefix("slt-")
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(stale, ignore_errors=True)
     yield
     # The session's datapath (programs and maps pinned by the first ADD).
     shutil.rmtree(TEST_BPF_DIR, ignore_errors=True)

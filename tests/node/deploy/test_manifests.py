@@ -109,6 +109,19 @@ def test_every_image_is_the_releases() -> None:
     assert kustomization["images"] == [{"name": "localhost/sluice", "newTag": release.VERSION}]
 
 
+def test_the_install_container_has_no_privilege() -> None:
+    """It only writes files: not privileged, no capability, no escalation, a read-only
+    root file system (test_daemonset runs it so on a kind node)."""
+    (agent,) = [d for d in documents(CONF / "sluice.yaml") if d["kind"] == "DaemonSet"]
+    (install,) = agent["spec"]["template"]["spec"]["initContainers"]
+    assert install["securityContext"] == {
+        "privileged": False,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
 # -- the API server's own validation ----------------------------------------------------
 
 
