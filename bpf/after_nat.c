@@ -28,12 +28,17 @@ int after_nat(struct sl_nf_ctx *ctx)
 	struct sl_packet pkt = {};
 	struct sl_endpoint *src;
 	__u32 *owner, self = 0;
+	__be32 saddr;
 
+	/* Most packets are no egress-isolated pod's: three reads and a lookup. A
+	 * packet whose source cannot be read names no pod (from_pod read it). */
+	if (kernel_skb_saddr(ctx->skb, &saddr) < 0)
+		return SL_NF_ACCEPT;
+	owner = ep_by_ip.lookup(&saddr);
+	src = owner ? endpoints.lookup(owner) : 0;
+	if (!src || src->egress_policy == SL_NONE)
+		return SL_NF_ACCEPT;
 	if (parse_kernel_skb(ctx->skb, &pkt) < 0) {
-		owner = ep_by_ip.lookup(&pkt.flow.saddr);
-		src = owner ? endpoints.lookup(owner) : 0;
-		if (!src || src->egress_policy == SL_NONE)
-			return SL_NF_ACCEPT;
 		verdict_drop(*owner, SL_DIR_EGRESS, SL_DROP_MALFORMED, &pkt.flow);
 		return SL_NF_DROP;
 	}

@@ -3,6 +3,7 @@
  * Parsing a kernel struct sk_buff, as a netfilter program gets it.
  *
  * API:
+ *   int kernel_skb_saddr(skb, __be32 *saddr)         0, or a negative SL_* reason
  *   int parse_kernel_skb(skb, struct sl_packet *pkt)  0, or a negative SL_* reason
  *
  * A netfilter program has no bpf_skb_load_bytes: it reads the skb and its
@@ -23,6 +24,20 @@
 #ifndef SL_SKB_HEAD
 #error "SL_SKB_HEAD, SL_SKB_TAIL, SL_SKB_NETWORK_HEADER: the loader defines them from BTF"
 #endif
+
+/* The IPv4 source alone: three reads, all most packets need (after_nat.c). */
+static __always_inline int kernel_skb_saddr(void *skb, __be32 *saddr)
+{
+	unsigned char *head;
+	__u16 nh;
+
+	if (bpf_probe_read_kernel(&head, sizeof(head), skb + SL_SKB_HEAD) < 0 ||
+	    bpf_probe_read_kernel(&nh, sizeof(nh), skb + SL_SKB_NETWORK_HEADER) < 0 ||
+	    bpf_probe_read_kernel(saddr, sizeof(*saddr),
+				  head + nh + __builtin_offsetof(struct iphdr, saddr)) < 0)
+		return -SL_DROP_MALFORMED;
+	return 0;
+}
 
 static __always_inline int parse_kernel_skb(void *skb, struct sl_packet *pkt)
 {
