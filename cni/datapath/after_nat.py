@@ -9,11 +9,15 @@ they are in place; until it is set, such flows are dropped (``drop-unjudged``).
 
 A netfilter link cannot change its program: after a reload, a new link is made
 and pinned over the old one, so for a moment both judge alike, never neither.
+The kernel takes one BPF program per hook and priority (EBUSY for a second), so
+a link takes the first free priority of a range: the new link of a reload, and
+each datapath of several networks on one node, each get their own.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 
 from cni.datapath import bpf
@@ -23,7 +27,7 @@ PROGRAM = "after_nat"
 LINKS = "nf_links"
 HOOKS = {"forward": bpf.NF_INET_FORWARD, "local_in": bpf.NF_INET_LOCAL_IN}
 # After the filter table (0), before LOCAL_IN's SNAT (100); FORWARD has no NAT.
-PRIORITY = 1
+PRIORITIES = range(1, 100)
 
 
 def link_path(datapath: Datapath, hook: str) -> str:
@@ -42,7 +46,7 @@ def attach(datapath: Datapath) -> None:
         for hook, hooknum in HOOKS.items():
             if _linked_program(datapath, hook) == prog_id:
                 continue
-            link_fd = bpf.netfilter_link_create(prog_fd, hooknum, PRIORITY)
+            link_fd = _link(prog_fd, hooknum)
             try:
                 staging = f"{link_path(datapath, hook)}_new"
                 with contextlib.suppress(FileNotFoundError):
@@ -54,6 +58,21 @@ def attach(datapath: Datapath) -> None:
     finally:
         os.close(prog_fd)
     datapath.set_config(after_nat=1)
+
+
+def _link(prog_fd: int, hooknum: int) -> int:
+    """A link at the first priority no other BPF program holds on the hook."""
+    for priority in PRIORITIES:
+        try:
+            return bpf.netfilter_link_create(prog_fd, hooknum, priority)
+        except bpf.BPFError as err:
+            if err.errno != errno.EBUSY:
+                raise
+    raise bpf.BPFError(
+        errno.EBUSY,
+        f"every priority {PRIORITIES.start}-{PRIORITIES.stop - 1} of hook "
+        f"{hooknum} holds another BPF program",
+    )
 
 
 def detach(datapath: Datapath) -> None:

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import contextlib
 import random
+import shutil
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
 
-from cni.datapath import after_nat, endpoint
+from cni.datapath import after_nat, endpoint, loader
 from cni.datapath import policy as P
 from cni.datapath.maps import Datapath
 from cni.net.netlink import Rtnl
@@ -321,3 +322,22 @@ def test_without_after_nat_flows_to_cluster_ips_are_refused(
         assert connects(a, b.ip, 8080), "direct flows are judged where a sends them"
         after_nat.attach(dp)
         assert connects(a, svc)
+
+
+def test_after_nat_beside_another_datapath_and_across_a_reload(dp: Datapath) -> None:
+    """The kernel takes one BPF program per netfilter hook and priority: a second
+    datapath on the node (another network) and the new program of a reload each get
+    a priority of their own, and judge."""
+    other_dir = f"{TEST_BPF_DIR}-other"
+    assert loader.load(other_dir, force=True)
+    try:
+        with Datapath(other_dir) as other:
+            after_nat.attach(other)
+            assert after_nat.attached(other) == list(after_nat.HOOKS)
+            assert other.config().after_nat == 1
+        assert after_nat.attached(dp) == list(after_nat.HOOKS), "the first one stays"
+        assert loader.load(TEST_BPF_DIR, force=True)  # a new program, new links
+        assert after_nat.attached(dp) == list(after_nat.HOOKS)
+        assert dp.config().after_nat == 1
+    finally:
+        shutil.rmtree(other_dir, ignore_errors=True)
