@@ -8,7 +8,8 @@
  * tunnel, a pod's veth) and when its backend is the node itself (a
  * hostNetwork pod, the API server): judged by the pod's egress policy
  * (services.h). Everything else passes: a packet whose source is no local
- * egress-isolated pod, or whose flow the pod's conntrack holds already.
+ * egress-isolated pod, a reply of a connection netfilter tracks, or a packet
+ * whose flow the pod's conntrack holds already.
  * A packet from such a pod whose headers cannot be read is dropped.
  */
 #include "services.h"
@@ -37,6 +38,13 @@ int after_nat(struct sl_nf_ctx *ctx)
 	owner = ep_by_ip.lookup(&saddr);
 	src = owner ? endpoints.lookup(owner) : 0;
 	if (!src || src->egress_policy == SL_NONE)
+		return SL_NF_ACCEPT;
+	/* A reply of a connection netfilter tracks answers a flow that was judged
+	 * where it was opened. Its addresses here are half translated (a SNAT is
+	 * undone before this hook, a DNAT after it), so no conntrack key of the
+	 * pod's would name it: the node's own connection to a ClusterIP, a
+	 * NodePort's client, masqueraded by kube-proxy, reach the pod so. */
+	if (kernel_skb_is_reply(ctx->skb))
 		return SL_NF_ACCEPT;
 	if (parse_kernel_skb(ctx->skb, &pkt) < 0) {
 		verdict_drop(*owner, SL_DIR_EGRESS, SL_DROP_MALFORMED, &pkt.flow);

@@ -4,6 +4,7 @@
  *
  * API:
  *   int kernel_skb_saddr(skb, __be32 *saddr)         0, or a negative SL_* reason
+ *   int kernel_skb_is_reply(skb)                      netfilter tracks it as a reply
  *   int parse_kernel_skb(skb, struct sl_packet *pkt)  0, or a negative SL_* reason
  *
  * A netfilter program has no bpf_skb_load_bytes: it reads the skb and its
@@ -37,6 +38,20 @@ static __always_inline int kernel_skb_saddr(void *skb, __be32 *saddr)
 				  head + nh + __builtin_offsetof(struct iphdr, saddr)) < 0)
 		return -SL_DROP_MALFORMED;
 	return 0;
+}
+
+/* Netfilter's conntrack holds the packet as a reply of its connection (ctinfo,
+ * the low 3 bits of skb->_nfct: IP_CT_IS_REPLY and up). */
+#define SL_NFCT_INFOMASK	7
+#define SL_IP_CT_IS_REPLY	3
+
+static __always_inline int kernel_skb_is_reply(void *skb)
+{
+	unsigned long nfct = 0;
+
+	if (bpf_probe_read_kernel(&nfct, sizeof(nfct), skb + SL_SKB_NFCT) < 0)
+		return 0;
+	return nfct && (nfct & SL_NFCT_INFOMASK) >= SL_IP_CT_IS_REPLY;
 }
 
 static __always_inline int parse_kernel_skb(void *skb, struct sl_packet *pkt)

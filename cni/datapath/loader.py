@@ -281,6 +281,7 @@ SKB_MEMBERS = {
     "SL_SKB_HEAD": "head",
     "SL_SKB_TAIL": "tail",
     "SL_SKB_NETWORK_HEADER": "network_header",
+    "SL_SKB_NFCT": "_nfct",
 }
 SKB_UNKNOWN = dict.fromkeys(SKB_MEMBERS, 0)
 
