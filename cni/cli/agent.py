@@ -67,6 +67,15 @@ def _address(ctx: click.Context, param: click.Parameter, value: str | None) -> s
     help="Compare the live datapath with a computation from scratch this often, and "
     "repair and count what drifted (sluice_policy_drift_total); 0: never.",
 )
+@click.option(
+    "--proc-sys",
+    default=None,
+    metavar="DIR",
+    help="Where the node's /proc/sys is mounted, when /proc/sys itself is read-only (a "
+    "container that is not privileged): the kernel settings the wiring writes "
+    "(net.ipv4.ip_forward, the node-side veths' net.ipv6.conf) go there "
+    "[default: /proc/sys].",
+)
 @click.option("--debug", is_flag=True, help="Log every policy install.")
 def agent(
     conf_path: str | None,
@@ -76,6 +85,7 @@ def agent(
     kubeconfig: str | None,
     resolver: str,
     verify_interval: float,
+    proc_sys: str | None,
     debug: bool,
 ) -> None:
     """Run the node agent for the network in --conf: serve the plugin's CNI calls on
@@ -87,6 +97,14 @@ def agent(
     if metrics_address is not None and metrics_address == health_address:
         raise click.UsageError("--health-address must differ from --metrics-address")
     setup_logging(debug)
+    if proc_sys is not None:
+        from cni.net import sysctl
+        from cni.spec.errors import CNIError
+
+        try:
+            sysctl.use_root(proc_sys)
+        except CNIError as err:
+            raise click.BadParameter(err.details, param_hint="--proc-sys") from None
     conf = netconf_of(load_conflist(conf_path))
     in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and os.path.exists(
         "/var/run/secrets/kubernetes.io/serviceaccount/token"

@@ -38,6 +38,7 @@ import os
 from cni.datapath import bpf, ctpool, reaper
 from cni.datapath.maps import Datapath, DatapathMissing
 from cni.datapath.structs import Endpoint, ip_be, ip_str
+from cni.net import sysctl
 from cni.net.netlink import NetlinkError, Rtnl, kernel_op
 from cni.spec.errors import ERR_CHECK_FAILED, ERR_KERNEL, CNIError
 
@@ -178,7 +179,7 @@ def no_ipv6_from_pod(name: str) -> None:
     """The node-side veth takes no IPv6 (so no router advertisement) from the pod;
     set before the link is up."""
     for key, value in (("accept_ra", "0"), ("disable_ipv6", "1")):
-        path = f"/proc/sys/net/ipv6/conf/{name}/{key}"
+        path = sysctl.path(f"net.ipv6.conf.{name}.{key}")
         with contextlib.suppress(FileNotFoundError), open(path, "w") as f:
             f.write(value)
 

@@ -89,11 +89,30 @@ def layout_hash(settings: DatapathSettings | None = None) -> str:
     return digest.hexdigest()[:16]
 
 
+def mount_type(mounts: str, path: str) -> str | None:
+    """The type of the topmost mount at ``path`` in a /proc/self/mounts text, None when
+    nothing is mounted there."""
+    types = [f[2] for f in (line.split() for line in mounts.splitlines()) if f[1:2] == [path]]
+    return types[-1] if types else None
+
+
 def ensure_bpffs() -> None:
-    """bcc pins under /sys/fs/bpf; mount bpffs there if the node has not."""
+    """bcc pins under /sys/fs/bpf; mount bpffs there if the node has not.
+
+    Where /sys/fs/bpf is a mount of something else (a container's hostPath of a node
+    that has no bpffs there), a bpffs mounted over it would live and die with this
+    process's mount namespace, the pins with it: refused instead."""
     with open("/proc/self/mounts") as mounts:
-        if any(line.split()[1:3] == [BPFFS_ROOT, "bpf"] for line in mounts):
-            return
+        mounted = mount_type(mounts.read(), BPFFS_ROOT)
+    if mounted == "bpf":
+        return
+    if mounted is not None:
+        raise CNIError(
+            ERR_KERNEL,
+            f'"{BPFFS_ROOT}" is a mount of {mounted}, not bpffs: mount bpffs there on the '
+            f"node (mount -t bpf bpf {BPFFS_ROOT}) so the pinned datapath outlives this "
+            "process",
+        )
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)

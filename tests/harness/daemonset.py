@@ -92,10 +92,11 @@ class DeployedCluster:
 
     # -- changes ------------------------------------------------------------------------
 
-    def deploy(self, timeout: float = READY_TIMEOUT) -> float:
-        """Apply conf/ and wait for the rollout and for every node Ready; the seconds."""
+    def deploy(self, kustomization: Path = CONF, timeout: float = READY_TIMEOUT) -> float:
+        """Apply a kustomization (conf/, or the overlay pinning the image by digest) and
+        wait for the rollout and for every node Ready; the seconds."""
         started = time.monotonic()
-        self.kubectl("apply", "--server-side", "-k", str(CONF), timeout=timeout)
+        self.kubectl("apply", "--server-side", "-k", str(kustomization), timeout=timeout)
         namespace, name = AGENT
         self.kubectl(
             *("rollout", "status", "daemonset", name, "-n", namespace),
@@ -164,7 +165,8 @@ def up(name: str = CLUSTER, nodes: int = 1) -> tuple[DeployedCluster, dict[str, 
         seen: dict[str, Any] = {}
         seen["ready before"] = cluster.ready_nodes()
         seen["conflist before"] = [node_file(n, CONFLIST) for n in cluster.nodes(client)]
-        seen["deploy seconds"] = cluster.deploy()
+        seen["image"] = sluice_image.pinned_reference(tar)
+        seen["deploy seconds"] = cluster.deploy(sluice_image.write_deploy_overlay(tar))
         seen["ready after"] = cluster.ready_nodes()
         seen["conflists"] = [node_file(n, CONFLIST) for n in cluster.nodes(client)]
         seen["coredns"] = cluster.wait_coredns()

@@ -423,8 +423,11 @@ def main(argv: list[str] | None = None) -> int:
             client = dockerd.ensure().client()
             started = time.monotonic()
             built, tar = build_sluice_image(client)
+            overlay = sluice_image.write_deploy_overlay(tar)
             print(f"{built.name}: {built.size / 1e6:.0f} MB, {time.monotonic() - started:.0f} s; "
                   f"OCI tar {tar}")  # fmt: skip
+            print(f"pinned: {sluice_image.pinned_reference(tar)}; deploy it with "
+                  f"kubectl apply --server-side -k {overlay}")  # fmt: skip
         elif args.command == "node-image":
             client = dockerd.ensure().client()
             node = kind_image.build(client)

@@ -14,7 +14,9 @@ containerd loads with ``ctr images import``.
 from __future__ import annotations
 
 import json
+import os
 import sys
+import tarfile
 import tempfile
 import time
 from dataclasses import dataclass
@@ -155,6 +157,43 @@ def write_oci_tar(client: docker.DockerClient, name: str, dest: Path) -> Path:
         oci_layout.docker_archive_to_oci(Path(archive.name), dest, name)
     id_file.write_text(image.id)
     return dest
+
+
+def manifest_digest(oci_tar: Path) -> str:
+    """The digest of the image's manifest in an OCI tar: what a node's containerd keeps
+    it under (``ctr images import --digests``) and what a reference by digest names."""
+    with tarfile.open(oci_tar) as archive:
+        member = archive.extractfile("index.json")
+        if member is None:
+            raise BuildFailed(f"{oci_tar} has no index.json")
+        (manifest,) = json.load(member)["manifests"]
+    return str(manifest["digest"])
+
+
+def pinned_reference(oci_tar: Path) -> str:
+    """``localhost/sluice@sha256:...``: the one image of that content, whatever another
+    build or a stale import left under the version's tag on a node."""
+    return f"{REPOSITORY}@{manifest_digest(oci_tar)}"
+
+
+def write_deploy_overlay(oci_tar: Path, dest: Path | None = None) -> Path:
+    """A kustomization over ``conf/`` that names the image by its digest (what ``make
+    image`` leaves for ``kubectl apply --server-side -k``); its directory."""
+    directory = dest or oci_tar.with_name(oci_tar.name.removesuffix(".oci.tar") + ".deploy")
+    directory.mkdir(parents=True, exist_ok=True)
+    conf = os.path.relpath(REPO_ROOT / "conf", directory)  # kustomize takes no absolute path
+    overlay = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [conf],
+        "images": [{"name": REPOSITORY, "digest": manifest_digest(oci_tar)}],
+    }
+    (directory / "kustomization.yaml").write_text(
+        "# Written by `make image`: conf/ with the image pinned by its digest.\n"
+        + json.dumps(overlay, indent=2)
+        + "\n"
+    )
+    return directory
 
 
 def record(entry: dict[str, object]) -> None:

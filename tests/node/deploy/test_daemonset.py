@@ -73,7 +73,48 @@ def test_the_node_turns_ready_once_the_init_container_wrote_the_conflist(
     assert seen["coredns"] and all(
         ipaddress.ip_address(ip) in ipaddress.ip_network(cidr) for ip in seen["coredns"]
     ), seen
-    assert cluster.agent_image().endswith(f":{daemonset.sluice_image.version()}")
+    # The image is named by its digest, and the agent runs that content.
+    assert cluster.agent_image() == seen["image"], (cluster.agent_image(), seen["image"])
+    digest = seen["image"].split("@", 1)[1]
+    (agent,) = cluster.agent_pods()
+    assert all(s["imageID"].endswith(digest) for s in agent["status"]["containerStatuses"])
+
+
+# CapEff of a process with exactly CAP_NET_ADMIN (12) and CAP_SYS_ADMIN (21).
+AGENT_CAPABILITIES = (1 << 12) | (1 << 21)
+
+
+def test_the_agent_runs_unprivileged_with_two_capabilities(
+    deployed: tuple[DeployedCluster, dict[str, Any]],
+) -> None:
+    """What the kernel says of the running agent (not only what the manifest asks):
+    its effective capabilities, a read-only /proc/sys and /sys, no node device, and
+    yet a datapath loaded and pods wired (the subset and the update below)."""
+    cluster, _ = deployed
+    (agent,) = cluster.agent_pods()
+    name = agent["metadata"]["name"]
+
+    def run(script: str) -> str:
+        return cluster.kubectl(
+            "exec", "-n", "kube-system", name, "-c", "agent", "--", "/bin/sh", "-c", script
+        )
+
+    status = run("cat /proc/1/status")
+    (cap_eff,) = [line.split()[1] for line in status.splitlines() if line.startswith("CapEff:")]
+    assert int(cap_eff, 16) == AGENT_CAPABILITIES, status
+    refused = run(
+        "for f in /proc/sys/net/ipv4/ip_forward /sys/kernel/mm/ksm/run; do"
+        " (echo 1 > $f) 2>/dev/null && echo WROTE $f || echo refused $f; done;"
+        " test -e /dev/kmsg && echo HAS /dev/kmsg || echo no /dev/kmsg"
+    )
+    assert "WROTE" not in refused and "HAS" not in refused, refused
+    assert refused.count("refused") == 2, refused
+    # What it cannot write itself, it writes through the node's /proc/sys/net.
+    assert run("cat /host/proc/sys/net/ipv4/ip_forward").strip() == "1"
+    shown = json.loads(
+        run("sluicectl datapath show -o json --conf /host/etc/cni/net.d/10-sluice.conflist")
+    )
+    assert shown["programs"] and shown["afterNat"] and shown["endpoints"], shown
 
 
 def test_the_netpol_e2e_subset_passes(deployed: tuple[DeployedCluster, dict[str, Any]]) -> None:
@@ -145,6 +186,15 @@ def apply(cluster: DeployedCluster, *objects: dict[str, Any]) -> None:
     assert proc.returncode == 0, proc.stderr
 
 
+def stale_tag(cluster: DeployedCluster, tag: str, other_image: str) -> None:
+    """Point ``tag`` at another image in every node's containerd."""
+    client = dockerd.ensure().client()
+    try:
+        kind.tag(client, cluster.name, other_image, tag)
+    finally:
+        client.close()
+
+
 def pod_ip(cluster: DeployedCluster, namespace: str, name: str) -> str:
     return str(cluster.kubectl_json("get", "pod", "-n", namespace, name)["status"]["podIP"])
 
@@ -209,7 +259,12 @@ def test_a_rolling_update_and_back_keeps_flows_addresses_and_denials(
             next_image = daemonset.tagged_image(client, cluster.name, NEXT_TAG)
         finally:
             client.close()
+        assert "@sha256:" in original, original
         for image in (next_image, original):  # the update, then back
+            if image == original:
+                # A stale image under the version's tag on the node (another build, an
+                # old import): the pinned reference still runs sluice's own content.
+                stale_tag(cluster, daemonset.sluice_image.image_name(), AGNHOST)
             before = responses(cluster, namespace)
             started_pod = f"during-{image.rsplit(':', 1)[1].replace('.', '-')}"
             cluster.kubectl("set", "image", "daemonset", "sluice-agent", "-n", "kube-system",
@@ -219,6 +274,11 @@ def test_a_rolling_update_and_back_keeps_flows_addresses_and_denials(
             cluster.kubectl("rollout", "status", "daemonset", "sluice-agent", "-n", "kube-system",
                             "--timeout=600s", timeout=630)  # fmt: skip
             assert cluster.agent_image() == image
+            if image == original:
+                digest = original.split("@", 1)[1]
+                for agent in cluster.agent_pods():
+                    ids = [s["imageID"] for s in agent["status"]["containerStatuses"]]
+                    assert all(i.endswith(digest) for i in ids), (ids, digest)
             cluster.kubectl("wait", "--for=condition=Ready", "pod", started_pod, "-n", namespace,
                             "--timeout=300s", timeout=330)  # fmt: skip
             flow = in_pod(cluster, namespace, "flow", "cat /tmp/flow")

@@ -122,6 +122,23 @@ def test_the_install_container_has_no_privilege() -> None:
     }
 
 
+def test_the_agent_has_two_capabilities_and_no_privilege() -> None:
+    """NET_ADMIN and SYS_ADMIN only (test_daemonset reads the running agent's), and no
+    mount that reaches back into the node (Bidirectional needs a privileged container)."""
+    (agent,) = [d for d in documents(CONF / "sluice.yaml") if d["kind"] == "DaemonSet"]
+    (container,) = agent["spec"]["template"]["spec"]["containers"]
+    context = container["securityContext"]
+    assert context["privileged"] is False
+    assert context["capabilities"] == {"drop": ["ALL"], "add": ["NET_ADMIN", "SYS_ADMIN"]}
+    assert context["seccompProfile"] == {"type": "RuntimeDefault"}
+    for doc in documents(CONF / "sluice.yaml"):
+        spec = doc.get("spec", {}).get("template", {}).get("spec") or {}
+        for c in spec.get("initContainers", []) + spec.get("containers", []):
+            assert not c.get("securityContext", {}).get("privileged"), c["name"]
+            propagations = {m.get("mountPropagation") for m in c.get("volumeMounts", [])}
+            assert "Bidirectional" not in propagations, c["name"]
+
+
 # -- the API server's own validation ----------------------------------------------------
 
 
