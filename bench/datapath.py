@@ -15,6 +15,8 @@ so that machine noise hits all of them alike:
     10,000 rules      programs, and a 10,000-rule ingress policy on the server pod
     iptables 1,000    no programs; the same 1,000 rules as an iptables FORWARD
                       chain every packet into the server pod traverses
+    no after_nat      the programs without after_nat: against "program, no
+                      policy", what after_nat alone costs
 
 A "rule" is one allowed (peer /32, tcp, port) combination. All of them but
 one name other peers (172.16.0.0/16, one distinct address per rule) and
@@ -109,7 +111,7 @@ class Bench:
         self.chain = Chain(f"SLBENCH-{pid}")
         self.policies: dict[int, P.EndpointPolicy] = {}
         self.sizes: dict[int, int] = {}
-        self.state: tuple[bool, int | None, int | None] | None = None
+        self.state: tuple[bool, int | None, int | None, bool] | None = None
         self.checks: list[str] = []
 
     @property
@@ -128,8 +130,9 @@ class Bench:
 
     def enter(self, config: Config) -> None:
         """Make the node look like ``config``, changing only what differs."""
-        want = (config.programs, config.rules, config.iptables)
-        have = self.state or (True, None, None)  # as the plugin left it
+        judged_after_nat = config.programs and config.after_nat
+        want = (config.programs, config.rules, config.iptables, judged_after_nat)
+        have = self.state or (True, None, None, True)  # as the plugin and setup() left it
         if self.state is None or have[2] != want[2]:
             self.chain.remove()
         if self.state is None or have[1] != want[1]:
@@ -137,7 +140,8 @@ class Bench:
             P.install(self.dp, self.server.ifindex, policy)
         if have[0] != want[0]:
             self.topology.set_programs(want[0])
-            if want[0]:
+        if have[3] != want[3]:
+            if want[3]:
                 after_nat.attach(self.dp)
             else:
                 after_nat.detach(self.dp)

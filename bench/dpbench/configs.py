@@ -33,6 +33,7 @@ class Config:
     programs: bool  # the sluice programs attached to both veths
     rules: int | None = None  # an ingress policy of this many rules on the server
     iptables: int | None = None  # an iptables chain of this many rules
+    after_nat: bool = True  # with the programs: after_nat on netfilter's hooks too
 
 
 CONFIGS = (
@@ -41,6 +42,8 @@ CONFIGS = (
     Config("program, 1,000 rules", programs=True, rules=1000),
     Config("program, 10,000 rules", programs=True, rules=10000),
     Config("iptables, 1,000 rules", programs=False, iptables=1000),
+    # What after_nat alone costs: the programs without it (against "program, no policy").
+    Config("program, no after_nat", programs=True, after_nat=False),
 )
 
 

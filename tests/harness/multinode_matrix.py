@@ -76,3 +76,35 @@ def placed_matrix(
         yield made
     finally:
         made.destroy()
+
+
+def place(matrix: NodesMatrix, **where: int) -> list[str]:
+    """Pods ``x/<name>`` on node ``n<index>``: ``place(matrix, a=1, b=2)``."""
+    keys = []
+    for name, index in where.items():
+        key = f"x/{name}"
+        matrix.placement[key] = matrix.nodes.node(index).name
+        keys.append(key)
+    matrix.add_pods(keys)
+    return keys
+
+
+def received_tcp_80(matrix: NodesMatrix, target: str, source: str) -> int:
+    return matrix.received_from(target, source).get(("tcp", 80), 0)
+
+
+def policy_on_a_from_b_to_c(matrix: NodesMatrix) -> dict[str, Any]:
+    """On pod a: ingress only from pod b, egress only to pod c (TCP 80)."""
+    return matrix.policy(
+        "x",
+        "a-from-b-to-c",
+        podSelector={"matchLabels": {"pod": "a"}},
+        policyTypes=["Ingress", "Egress"],
+        ingress=[{"from": [{"podSelector": {"matchLabels": {"pod": "b"}}}]}],
+        egress=[
+            {
+                "to": [{"podSelector": {"matchLabels": {"pod": "c"}}}],
+                "ports": [{"protocol": "TCP", "port": 80}],
+            }
+        ],
+    )

@@ -23,7 +23,12 @@ from tests.harness.cache import AGNHOST_IMAGE
 from tests.harness.cluster import ClusterError
 from tests.harness.e2e import NETPOL_SUBSET, NETPOL_SUBSET_FOCUS, NETPOL_SUBSET_SKIP, run_netpol
 from tests.harness.multinode import MultiNodeCluster
-from tests.harness.multinode_matrix import NodesMatrix
+from tests.harness.multinode_matrix import (
+    NodesMatrix,
+    place,
+    policy_on_a_from_b_to_c,
+    received_tcp_80,
+)
 from tests.harness.node_network import netns_exists
 from tests.harness.waiting import eventually
 
@@ -40,21 +45,6 @@ def matrix(k8s_nodes: MultiNodeCluster) -> Iterator[NodesMatrix]:
         yield matrix
     finally:
         matrix.destroy()
-
-
-def place(matrix: NodesMatrix, **where: int) -> list[str]:
-    """Pods ``x/<name>`` on node ``n<index>``: ``place(matrix, a=1, b=2)``."""
-    keys = []
-    for name, index in where.items():
-        key = f"x/{name}"
-        matrix.placement[key] = matrix.nodes.node(index).name
-        keys.append(key)
-    matrix.add_pods(keys)
-    return keys
-
-
-def received_tcp_80(matrix: NodesMatrix, target: str, source: str) -> int:
-    return matrix.received_from(target, source).get(("tcp", 80), 0)
 
 
 def spread_deployment(name: str) -> dict[str, Any]:
@@ -134,23 +124,6 @@ def test_pods_on_different_nodes_reach_each_other_with_their_own_addresses(
     assert received_tcp_80(matrix, a, c) >= 1
     assert received_tcp_80(matrix, b, a) >= 1
     assert received_tcp_80(matrix, c, a) >= 1
-
-
-def policy_on_a_from_b_to_c(matrix: NodesMatrix) -> dict[str, Any]:
-    """On pod a: ingress only from pod b, egress only to pod c (TCP 80)."""
-    return matrix.policy(
-        "x",
-        "a-from-b-to-c",
-        podSelector={"matchLabels": {"pod": "a"}},
-        policyTypes=["Ingress", "Egress"],
-        ingress=[{"from": [{"podSelector": {"matchLabels": {"pod": "b"}}}]}],
-        egress=[
-            {
-                "to": [{"podSelector": {"matchLabels": {"pod": "c"}}}],
-                "ports": [{"protocol": "TCP", "port": 80}],
-            }
-        ],
-    )
 
 
 def test_a_policy_on_node_1_by_labels_of_pods_on_nodes_2_and_3_holds_both_ways(

@@ -302,6 +302,57 @@ def test_a_host_network_backend_is_judged_after_dnat(
         assert accepted(server, port) >= 1
 
 
+@contextlib.contextmanager
+def iptables_nat(*rules: list[str]) -> Iterator[None]:
+    """``iptables -t nat -I`` each rule (chain first), removed on the way out."""
+    tag = ["-m", "comment", "--comment", f"sluice-test-{SESSION_TAG}"]
+    added: list[list[str]] = []
+    try:
+        for rule in rules:
+            subprocess.run(["iptables", "-t", "nat", "-I", *rule, *tag], check=True)
+            added.append(rule)
+        yield
+    finally:
+        for rule in reversed(added):
+            subprocess.run(["iptables", "-t", "nat", "-D", *rule, *tag], check=False)
+
+
+def test_an_egress_isolated_backend_answers_masqueraded_clients(
+    cluster: list[Pod], kube_proxy: KubeProxy | NftKubeProxy, dp: Datapath, bare_remote: Remote
+) -> None:
+    """A pod that may open no flow still answers what reaches it through a Service,
+    masqueraded as kube-proxy masquerades the node's own connections to a ClusterIP and
+    a NodePort's clients. On netfilter's hooks those answers' addresses are half
+    translated (the masquerade undone, the DNAT not yet): no conntrack key of the pod's
+    names them, and they were judged as the pod's new flows and dropped."""
+    a, b, _ = cluster
+    svc, node_port = cluster_ip(), random.randint(30000, 32767)
+    kube_proxy.service("R", svc, [(b.ip, 8080)])
+    dp.set_service_ips([svc])
+    P.install(dp, b.ifindex, P.EndpointPolicy(egress=()))
+    to_b = ["-d", f"{b.ip}/32", "-p", "tcp", "--dport", "8080"]
+    with (
+        iptables_nat(
+            ["POSTROUTING", *to_b, "-j", "MASQUERADE"],
+            ["PREROUTING", "-d", f"{bare_remote.node_address}/32", "-p", "tcp",
+             "--dport", str(node_port), "-j", "DNAT", "--to-destination", f"{b.ip}:8080"],
+        ),
+        Server(b, tcp=(8080,)) as at_b,
+        Server(a, tcp=(8080,)) as at_a,
+    ):  # fmt: skip
+        from_node = subprocess.run(
+            [PYTHON, PROBE, "connect", svc, "80"], capture_output=True, timeout=20, check=False
+        )
+        from_outside = in_netns(
+            bare_remote.netns, PYTHON, PROBE, "connect", bare_remote.node_address, str(node_port)
+        )
+        assert not connects(b, a.ip, 8080), "b opens no flow: its policy holds"
+    assert from_node.returncode == 0, "the node through the ClusterIP"
+    assert from_outside.returncode == 0, "another host through the NodePort"
+    assert at_b.counts["tcp"]["8080"] == 2
+    assert at_a.counts["tcp"].get("8080", 0) == 0
+
+
 def test_without_after_nat_flows_to_cluster_ips_are_refused(
     cluster: list[Pod], kube_proxy: KubeProxy | NftKubeProxy, dp: Datapath
 ) -> None:
