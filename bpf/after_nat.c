@@ -31,20 +31,22 @@ int after_nat(struct sl_nf_ctx *ctx)
 	__u32 *owner, self = 0;
 	__be32 saddr;
 
-	/* Most packets are no egress-isolated pod's: three reads and a lookup. A
-	 * packet whose source cannot be read names no pod (from_pod read it). */
+	/* A reply of a connection netfilter tracks answers a flow that was judged
+	 * where it was opened (one read: half of most flows' packets). Its
+	 * addresses here are half translated (a SNAT is undone before this hook,
+	 * a DNAT after it), so no conntrack key of the pod's would name it: the
+	 * node's own connection to a ClusterIP, a NodePort's client, masqueraded
+	 * by kube-proxy, reach an egress-isolated pod so. */
+	if (kernel_skb_is_reply(ctx->skb))
+		return SL_NF_ACCEPT;
+	/* Most other packets are no egress-isolated pod's: three reads and a
+	 * lookup. A packet whose source cannot be read names no pod (from_pod
+	 * read it). */
 	if (kernel_skb_saddr(ctx->skb, &saddr) < 0)
 		return SL_NF_ACCEPT;
 	owner = ep_by_ip.lookup(&saddr);
 	src = owner ? endpoints.lookup(owner) : 0;
 	if (!src || src->egress_policy == SL_NONE)
-		return SL_NF_ACCEPT;
-	/* A reply of a connection netfilter tracks answers a flow that was judged
-	 * where it was opened. Its addresses here are half translated (a SNAT is
-	 * undone before this hook, a DNAT after it), so no conntrack key of the
-	 * pod's would name it: the node's own connection to a ClusterIP, a
-	 * NodePort's client, masqueraded by kube-proxy, reach the pod so. */
-	if (kernel_skb_is_reply(ctx->skb))
 		return SL_NF_ACCEPT;
 	if (parse_kernel_skb(ctx->skb, &pkt) < 0) {
 		verdict_drop(*owner, SL_DIR_EGRESS, SL_DROP_MALFORMED, &pkt.flow);

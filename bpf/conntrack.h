@@ -6,8 +6,11 @@
  * (never by looking at netfilter's conntrack).
  *
  * API:
- *   int ct_shares(ep, &ct)                           the endpoint's two tables (0: missing)
+ *   int ct_shares(ep, dir, &ct)                      the endpoint's tables, dir's looked up
+ *                                                    (0: missing)
  *   void *ct_share(&ct, dir)                         the table of flows opened in dir
+ *                                                    (looked up once, when first needed;
+ *                                                    NULL if missing: every helper takes it)
  *   struct sl_ct_entry *ct_find(&ct, dir, owner, t, &key, &reply)   live entry or NULL
  *   void ct_create(table, owner, t, gen, dir, flags)
  *   void ct_frag_create(table, owner, pkt, gen, dir, flags)   an allowed first fragment
@@ -27,19 +30,31 @@
 #include "maps.h"
 #include "parse.h"
 
-/* An endpoint's two shares of conntrack. */
+/* An endpoint's two shares of conntrack. A packet of a flow opened its own
+ * way finds it in its direction's share, looked up first; the other share
+ * (replies, ICMP errors) is looked up only when needed: one ct_tables lookup
+ * for most packets of a transfer, as with one table per endpoint. */
 struct sl_ct_shares {
 	void *out;	/* flows the pod opened (and fragments it sends) */
 	void *in;	/* flows opened toward the pod (and fragments it receives) */
+	__u32 slot;
 };
 
-static __always_inline int ct_shares(struct sl_endpoint *ep, struct sl_ct_shares *ct)
+static __always_inline void *ct_table_of(__u32 slot, __u32 dir)
 {
-	__u32 out = ep->ct_slot, in = ep->ct_slot | SL_CT_INBOUND;
+	__u32 key = dir == SL_DIR_EGRESS ? slot : slot | SL_CT_INBOUND;
 
-	ct->out = ct_tables.lookup(&out);
-	ct->in = ct_tables.lookup(&in);
-	return ct->out && ct->in;
+	return ct_tables.lookup(&key);
+}
+
+static __always_inline int ct_shares(struct sl_endpoint *ep, __u32 dir, struct sl_ct_shares *ct)
+{
+	void *first = ct_table_of(ep->ct_slot, dir);
+
+	ct->slot = ep->ct_slot;
+	ct->out = dir == SL_DIR_EGRESS ? first : 0;
+	ct->in = dir == SL_DIR_EGRESS ? 0 : first;
+	return first != 0;
 }
 
 static __always_inline __u32 ct_opposite(__u32 dir)
@@ -47,10 +62,17 @@ static __always_inline __u32 ct_opposite(__u32 dir)
 	return dir == SL_DIR_EGRESS ? SL_DIR_INGRESS : SL_DIR_EGRESS;
 }
 
-/* The table of the flows opened in direction dir. */
+/* The table of the flows opened in direction dir (NULL: missing). */
 static __always_inline void *ct_share(struct sl_ct_shares *ct, __u32 dir)
 {
-	return dir == SL_DIR_EGRESS ? ct->out : ct->in;
+	if (dir == SL_DIR_EGRESS) {
+		if (!ct->out)
+			ct->out = ct_table_of(ct->slot, dir);
+		return ct->out;
+	}
+	if (!ct->in)
+		ct->in = ct_table_of(ct->slot, dir);
+	return ct->in;
 }
 
 static __always_inline void ct_key(struct sl_ct_key *k, struct sl_tuple *t, int reversed)
@@ -109,15 +131,18 @@ static __always_inline void ct_count(__u32 owner, int created)
 
 static __always_inline void ct_remove(void *table, __u32 owner, struct sl_ct_key *k)
 {
-	if (bpf_map_delete_elem(table, k) == 0)
+	if (table && bpf_map_delete_elem(table, k) == 0)
 		ct_count(owner, 0);
 }
 
 /* The live entry under key k, or NULL (an expired one is removed). */
 static __always_inline struct sl_ct_entry *ct_get(void *table, __u32 owner, struct sl_ct_key *k)
 {
-	struct sl_ct_entry *e = bpf_map_lookup_elem(table, k);
+	struct sl_ct_entry *e;
 
+	if (!table)
+		return 0;
+	e = bpf_map_lookup_elem(table, k);
 	if (!e)
 		return 0;
 	if (bpf_ktime_get_ns() - e->last_seen > ct_timeout(k, e)) {
@@ -194,6 +219,8 @@ static __always_inline void ct_create(void *table, __u32 owner, struct sl_tuple 
 	struct sl_ct_key k;
 	struct sl_ct_entry e = {};
 
+	if (!table)
+		return;
 	ct_key(&k, t, 0);
 	e.last_seen = bpf_ktime_get_ns();
 	e.policy_gen = gen;
@@ -220,6 +247,8 @@ static __always_inline void ct_frag_create(void *table, __u32 owner, struct sl_p
 	struct sl_ct_key k;
 	struct sl_ct_entry e = {};
 
+	if (!table)
+		return;
 	ct_frag_key(&k, pkt);
 	e.last_seen = bpf_ktime_get_ns();
 	e.policy_gen = gen;

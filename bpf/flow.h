@@ -96,7 +96,9 @@ static __always_inline int flow_still_allowed(struct sl_ct_shares *ct, struct sl
 				.sport = e->dport, .dport = e->sport,
 				.proto = k->proto, .kind = SL_CT_FLOW,
 			};
-			return bpf_map_lookup_elem(ct_share(ct, ct_opposite(e->dir)), &flow) != 0;
+			void *opened = ct_share(ct, ct_opposite(e->dir));
+
+			return opened && bpf_map_lookup_elem(opened, &flow) != 0;
 		}
 		dport = e->dport;
 	}
@@ -235,7 +237,7 @@ static __always_inline int handle_packet(struct __sk_buff *skb, __u32 dir)
 		return verdict_drop(ifindex, dir, SL_DROP_SPOOFED, &pkt.flow);
 	if (dir == SL_DIR_EGRESS && to_tunnel_port(&pkt))
 		return verdict_drop(ifindex, dir, SL_DROP_TUNNEL_PORT, &pkt.flow);
-	if (!ct_shares(ep, &ct))
+	if (!ct_shares(ep, dir, &ct))
 		return verdict_drop(ifindex, dir, SL_DROP_NO_ENDPOINT, &pkt.flow);
 
 	if (pkt.fragment == SL_FRAG_LATER)

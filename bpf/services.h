@@ -54,11 +54,11 @@ static __always_inline int judge_source(__u32 self, struct sl_packet *pkt)
 	src = endpoints.lookup(&owner);
 	if (!src || src->egress_policy == SL_NONE)
 		return 0;
-	if (!ct_shares(src, &ct))
+	if (!ct_shares(src, SL_DIR_EGRESS, &ct))
 		return 0;
 	/* The packet leaves src: a flow src opened, or a reply to one opened toward it. */
 	e = ct_find(&ct, SL_DIR_EGRESS, owner, &pkt->flow, &k, &reply);
-	table = reply ? ct.in : ct.out;
+	table = ct_share(&ct, reply ? SL_DIR_INGRESS : SL_DIR_EGRESS);
 	if (e && (e->flags & SL_CT_POST_DNAT) && ct_is_syn(pkt) && ct_is_closing(e)) {
 		ct_remove(table, owner, &k);	/* a new flow reusing the 5-tuple */
 		e = 0;
@@ -80,7 +80,7 @@ static __always_inline int judge_source(__u32 self, struct sl_packet *pkt)
 	if (!policy_allows(src->egress_policy, pkt->flow.daddr, pkt->flow.proto, pkt->flow.dport))
 		return verdict_drop(owner, SL_DIR_EGRESS, SL_DENIED_POLICY, &pkt->flow);
 	if (ct_creates(pkt))
-		ct_create(ct.out, owner, &pkt->flow, src->policy_gen, SL_DIR_EGRESS,
+		ct_create(ct_share(&ct, SL_DIR_EGRESS), owner, &pkt->flow, src->policy_gen, SL_DIR_EGRESS,
 			  SL_CT_POST_DNAT);
 	return 0;
 }
