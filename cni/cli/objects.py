@@ -16,13 +16,19 @@ from cni.cli.common import conf_option, load_conflist, netconf_of
 
 
 def ask(conf_path: str | None, request: dict[str, Any]) -> dict[str, Any]:
-    from cni.plugin.client import AgentUnavailable, call
+    from cni.plugin.client import AgentUnavailable, RequestTooLarge, call
 
     conf = netconf_of(load_conflist(conf_path))
     try:
         answer = call(conf.agent_socket, {"v": 1, **request}, timeout=600)
     except AgentUnavailable as err:
         raise click.ClickException(f"{err} (is `sluicectl agent` running?)") from None
+    except RequestTooLarge as err:
+        what = "the manifest" if "manifest" in request else "the request"
+        raise click.ClickException(
+            f"{what} was not sent: {err}; apply its objects from several smaller files, "
+            "or give the agent its objects through the Kubernetes API"
+        ) from None
     if "error" in answer:
         raise click.ClickException(str(answer["error"]))
     return answer

@@ -30,6 +30,10 @@ class AgentUnavailable(Exception):
     """Nobody answers on the socket in time (no agent, a stuck one, or it died mid-call)."""
 
 
+class RequestTooLarge(ValueError):
+    """A request the agent would refuse for its size: never sent."""
+
+
 def exchange(path: str, body: bytes, timeout: float | None = None) -> bytes:
     """Send one frame and return the answer's body, all within ``timeout`` seconds."""
     seconds = REQUEST_DEADLINE if timeout is None else timeout
@@ -78,6 +82,12 @@ def call(path: str, request: "dict[str, Any]", timeout: float | None = None) -> 
     import json
 
     body = json.dumps(request, separators=(",", ":")).encode()
+    if len(body) > wire.MAX_REQUEST:
+        # The agent closes the socket on a frame over its limit: say so before sending.
+        raise RequestTooLarge(
+            f"the request is {len(body)} bytes, over the agent's limit of "
+            f"{wire.MAX_REQUEST} bytes per request"
+        )
     try:
         return wire.decode(exchange(path, body, timeout))
     except wire.WireError as err:

@@ -32,7 +32,7 @@ from tests.harness.agent import (
     pod_object,
     policy,
 )
-from tests.harness.cni_run import PodNamespaces, exec_plugin, in_netns
+from tests.harness.cni_run import PodNamespaces, exec_plugin, in_netns, sluicectl
 from tests.harness.waiting import eventually
 
 
@@ -574,6 +574,35 @@ def test_concurrent_adds_and_policy_changes_leave_every_pod_with_its_policy(
     for i in range(count):
         net.delete(netnses[i], f"c{i}", "x" if i % 2 else "y", names[i])
     assert net.endpoints() == []
+
+
+def test_a_manifest_over_the_request_limit_is_refused_before_it_is_sent(
+    net: AgentNetwork, tmp_path: Path
+) -> None:
+    """One policy with 100,000 ipBlock CIDRs (a blocklist): sluicectl names the limit and
+    sends nothing (the agent would close the socket mid-send: a broken pipe), and the
+    agent goes on serving."""
+    blocked = [{"cidr": f"10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}/32"} for i in range(100000)]
+    policy = {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": "blocklist", "namespace": "x"},
+        "spec": {
+            "podSelector": {},
+            "policyTypes": ["Egress"],
+            "egress": [{"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": blocked}}]}],
+        },
+    }
+    manifest = tmp_path / "blocklist.json"
+    manifest.write_text(json.dumps(policy))
+    before = net.agent.log()
+    proc = sluicectl("apply", "-f", manifest, "--conf", net.conflist)
+    assert proc.returncode == 1, proc
+    assert f"over the agent's limit of {wire.MAX_REQUEST} bytes" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and "Broken pipe" not in proc.stderr
+    assert "over the limit" not in net.agent.log()[len(before) :], "nothing reached the agent"
+    assert net.ask({"op": "status"})["ready"]
+    assert net.ask({"op": "get", "what": "policies"})["policies"] == []
 
 
 # -- metrics -------------------------------------------------------------------------------------
