@@ -129,6 +129,7 @@ policy-fuzz: setup k8s-build
 DEB_PACKAGES += docker.io debootstrap vagrant
 KIND_NODES ?= 3
 KIND_CLUSTER ?= sluice
+KIND_ROUTING ?= native
 KIND := $(PY) -m tests.harness.kind
 
 .PHONY: image kind-deps kind-image kind kind-e2e kind-down kind-status kind-test
@@ -152,16 +153,17 @@ kind-image: setup kind-deps k8s-build
 
 # The cluster with sluice deployed from conf/ (tests/harness/daemonset.py): the sluice
 # and agnhost images loaded into every node, every node Ready, sluice and CoreDNS ready.
+# KIND_ROUTING=vxlan sets SLUICE_ROUTING (the pods' traffic between nodes in the tunnel).
 kind: kind-image image
 	PATH="$(CURDIR)/$(TOOLS):$$PATH" $(PY) -m tests.harness.daemonset up \
-		--name $(KIND_CLUSTER) --nodes $(KIND_NODES)
+		--name $(KIND_CLUSTER) --nodes $(KIND_NODES) --routing $(KIND_ROUTING)
 
 # On the cluster of `make kind` (made first when missing): the network-model checks
 # and the egress sequences of the policy matrix (tests/node/kind), then the whole [sig-network] Netpol e2e suite; KIND_E2E_REPORT
 # keeps its JUnit report and log.
 KIND_E2E_REPORT ?= /var/lib/sluice-kind/$(KIND_CLUSTER)-e2e
 kind-e2e: kind
-	KIND_CLUSTER=$(KIND_CLUSTER) PATH="$(CURDIR)/$(TOOLS):$$PATH" \
+	KIND_CLUSTER=$(KIND_CLUSTER) KIND_ROUTING=$(KIND_ROUTING) PATH="$(CURDIR)/$(TOOLS):$$PATH" \
 		$(PY) -m pytest -m kind tests/node/kind $(PYTEST_ARGS)
 	PATH="$(CURDIR)/$(TOOLS):$$PATH" $(PY) -m tests.harness.daemonset e2e \
 		--name $(KIND_CLUSTER) --report-dir $(KIND_E2E_REPORT)

@@ -147,8 +147,11 @@ def tagged_image(client: docker.DockerClient, cluster: str, tag: str) -> str:
     return name
 
 
-def up(name: str = CLUSTER, nodes: int = 1) -> tuple[DeployedCluster, dict[str, Any]]:
-    """A kind cluster with sluice deployed from conf/; what was checked on the way."""
+def up(
+    name: str = CLUSTER, nodes: int = 1, routing: str = "native"
+) -> tuple[DeployedCluster, dict[str, Any]]:
+    """A kind cluster with sluice deployed from conf/ (its ``SLUICE_ROUTING`` set to
+    ``routing``); what was checked on the way."""
     daemon = dockerd.ensure()
     client = daemon.client()
     try:
@@ -166,7 +169,11 @@ def up(name: str = CLUSTER, nodes: int = 1) -> tuple[DeployedCluster, dict[str, 
         seen["ready before"] = cluster.ready_nodes()
         seen["conflist before"] = [node_file(n, CONFLIST) for n in cluster.nodes(client)]
         seen["image"] = sluice_image.pinned_reference(tar)
-        seen["deploy seconds"] = cluster.deploy(sluice_image.write_deploy_overlay(tar))
+        settings = {"SLUICE_ROUTING": routing} if routing != "native" else None
+        overlay = sluice_image.write_deploy_overlay(
+            tar, kind.kubeconfig_path(name).parent / "deploy", settings
+        )
+        seen["deploy seconds"] = cluster.deploy(overlay)
         seen["ready after"] = cluster.ready_nodes()
         seen["conflists"] = [node_file(n, CONFLIST) for n in cluster.nodes(client)]
         seen["coredns"] = cluster.wait_coredns()
@@ -202,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     up_parser = commands.add_parser("up")
     up_parser.add_argument("--name", default=CLUSTER)
     up_parser.add_argument("--nodes", type=int, default=1)
+    up_parser.add_argument("--routing", choices=["native", "vxlan"], default="native")
     down_parser = commands.add_parser("down")
     down_parser.add_argument("--name", default=CLUSTER)
     e2e_parser = commands.add_parser("e2e", help="the Netpol e2e suite on a running cluster")
@@ -210,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "up":
         started = time.monotonic()
-        cluster, seen = up(args.name, args.nodes)
+        cluster, seen = up(args.name, args.nodes, args.routing)
         seen["conflists"] = [bool(c) for c in seen["conflists"]]
         seen["conflist before"] = [bool(c) for c in seen["conflist before"]]
         seen["up seconds"] = round(time.monotonic() - started)

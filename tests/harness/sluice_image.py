@@ -176,18 +176,29 @@ def pinned_reference(oci_tar: Path) -> str:
     return f"{REPOSITORY}@{manifest_digest(oci_tar)}"
 
 
-def write_deploy_overlay(oci_tar: Path, dest: Path | None = None) -> Path:
+def write_deploy_overlay(
+    oci_tar: Path, dest: Path | None = None, settings: dict[str, str] | None = None
+) -> Path:
     """A kustomization over ``conf/`` that names the image by its digest (what ``make
-    image`` leaves for ``kubectl apply --server-side -k``); its directory."""
+    image`` leaves for ``kubectl apply --server-side -k``), with ``settings`` over the
+    ConfigMap sluice-config's (``{"SLUICE_ROUTING": "vxlan"}``); its directory."""
     directory = dest or oci_tar.with_name(oci_tar.name.removesuffix(".oci.tar") + ".deploy")
     directory.mkdir(parents=True, exist_ok=True)
     conf = os.path.relpath(REPO_ROOT / "conf", directory)  # kustomize takes no absolute path
-    overlay = {
+    overlay: dict[str, object] = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
         "resources": [conf],
         "images": [{"name": REPOSITORY, "digest": manifest_digest(oci_tar)}],
     }
+    if settings:
+        config_map = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "sluice-config", "namespace": "kube-system"},
+            "data": settings,
+        }
+        overlay["patches"] = [{"patch": json.dumps(config_map)}]
     (directory / "kustomization.yaml").write_text(
         "# Written by `make image`: conf/ with the image pinned by its digest.\n"
         + json.dumps(overlay, indent=2)

@@ -2,7 +2,7 @@
 
 ``KIND_CLUSTER`` (default ``sluice``) when it exists (``make kind-e2e`` runs these
 after ``make kind``); otherwise each module makes a 3-node cluster of its own and
-deletes it afterwards.
+deletes it afterwards, routed as ``KIND_ROUTING`` says (native or vxlan).
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ def cluster() -> Iterator[DeployedCluster]:
     if own:
         name = f"sluice-model-{uuid.uuid4().hex[:4]}"
     try:
-        deployed, _ = daemonset.up(name, nodes=NODES)
+        routing = os.environ.get("KIND_ROUTING") or "native"
+        deployed, _ = daemonset.up(name, nodes=NODES, routing=routing)
         yield deployed
     finally:
         if own:

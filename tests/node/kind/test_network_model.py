@@ -4,7 +4,8 @@
 * every pod's address lies in its node's ``spec.podCIDR``;
 * a pod on one worker reaches a pod on another by its address, and the server sees
   the caller's own pod address (no NAT between pods);
-* a node reaches the pods on it (``curl`` inside the node container);
+* a node reaches the pods on it (``curl`` inside the node container), every node
+  and the API server's proxy reach the pods of every node;
 * ``crictl pods`` on a node lists one ready sandbox per pod on it;
 * a NetworkPolicy denies across nodes while an allowed peer still gets through;
 * a Service's ClusterIP answers from every node;
@@ -190,6 +191,26 @@ def test_every_node_reaches_its_own_pods(model: Model) -> None:
         )
         assert result.exit_code == 0, (node, ip, result.output.decode())
         assert result.output.decode().strip() == server_on(model, node)
+
+
+def test_every_node_and_the_api_servers_proxy_reach_the_pods_of_every_node(
+    model: Model,
+) -> None:
+    """What the API server's proxy, webhooks served by pods and scrapers on the host
+    network need, in either routing mode (vxlan: through the tunnel, whatever the
+    nodes' strict reverse-path filter says)."""
+    servers = [server_on(model, node) for node in node_names(model.cluster)]
+    for node in node_names(model.cluster):
+        for server in servers:
+            ip = model.ip(server)
+            result = model.node(node).exec_run(
+                ["curl", "-s", "--max-time", "5", f"http://{ip}:{PORT}/hostname"]
+            )
+            assert result.exit_code == 0, (node, server, ip, result.output.decode())
+            assert result.output.decode().strip() == server
+    for server in servers:
+        path = f"/api/v1/namespaces/{model.namespace}/pods/{server}:{PORT}/proxy/hostname"
+        assert model.cluster.kubectl("get", "--raw", path).strip() == server, path
 
 
 def test_crictl_lists_one_ready_sandbox_per_pod_on_its_node(model: Model) -> None:
