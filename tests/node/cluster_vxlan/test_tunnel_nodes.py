@@ -72,10 +72,25 @@ def test_pods_are_in_their_nodes_ranges_routed_through_the_tunnel_and_keep_their
         assert received_tcp_80(matrix, target, source) >= 1, f"{source} -> {target} unseen"
 
 
-def set_rp_filter(nodes: list[Node], value: int) -> None:
+RP_FILTER_KEYS = ("all", "default", "eth0", TUNNEL)
+
+
+def rp_filters(nodes: list[Node]) -> dict[tuple[str, str], str]:
+    """(node, key) -> its net.ipv4.conf.<key>.rp_filter."""
+    found = {}
     for node in nodes:
-        for key in ("all", "default", "eth0", TUNNEL):
-            proc = node.run(["sysctl", "-qw", f"net.ipv4.conf.{key}.rp_filter={value}"])
+        for key in RP_FILTER_KEYS:
+            proc = node.run(["sysctl", "-n", f"net.ipv4.conf.{key}.rp_filter"])
+            assert proc.returncode == 0, proc.stderr
+            found[(node.name, key)] = proc.stdout.strip()
+    return found
+
+
+def set_rp_filters(nodes: list[Node], values: dict[tuple[str, str], str]) -> None:
+    for node in nodes:
+        for key in RP_FILTER_KEYS:
+            setting = f"net.ipv4.conf.{key}.rp_filter={values[(node.name, key)]}"
+            proc = node.run(["sysctl", "-qw", setting])
             assert proc.returncode == 0, proc.stderr
 
 
@@ -84,9 +99,10 @@ def test_every_node_reaches_every_pod_under_a_strict_or_loose_reverse_path_filte
 ) -> None:
     keys = place(matrix, a=1, b=2, c=3)
     nodes = vxlan_nodes.nodes
+    before = rp_filters(nodes)
     try:
         for rp_filter in (1, 2):
-            set_rp_filter(nodes, rp_filter)
+            set_rp_filters(nodes, {where: str(rp_filter) for where in before})
             for key in keys:
                 pod = matrix.pods[key]
                 home = matrix.node_of(key)
@@ -100,7 +116,7 @@ def test_every_node_reaches_every_pod_under_a_strict_or_loose_reverse_path_filte
                 remote = {tunnel_address(n) for n in nodes if n.name != home.name}
                 assert remote <= seen, f"{key}: from the other nodes' tunnel addresses {remote}"
     finally:
-        set_rp_filter(nodes, 1)
+        set_rp_filters(nodes, before)
 
 
 def test_a_policy_across_nodes_holds_both_ways_through_the_tunnel(matrix: NodesMatrix) -> None:
