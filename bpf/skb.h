@@ -8,7 +8,7 @@
  *   int parse_kernel_skb(skb, struct sl_packet *pkt)  0, or a negative SL_* reason
  *
  * A netfilter program has no bpf_skb_load_bytes: it reads the skb and its
- * headers with bpf_probe_read_kernel. struct sk_buff changes between
+ * headers with bpf_probe_read_kernel (sl_read_kernel). struct sk_buff changes between
  * kernels, and the headers bcc compiles against may be another kernel's,
  * so the offsets of its members are the running kernel's, from its BTF
  * (cni/datapath/btf.py), compiled in as SL_SKB_*. Headers must lie in the
@@ -26,15 +26,22 @@
 #error "SL_SKB_HEAD, SL_SKB_TAIL, SL_SKB_NETWORK_HEADER: the loader defines them from BTF"
 #endif
 
+/* bpf_probe_read_kernel, called by its number: bcc renames that name to the old
+ * bpf_probe_read (which netfilter programs may not call) when it does not find
+ * the helper in /proc/kallsyms, and a process without CAP_SYSLOG (the
+ * DaemonSet's agent) reads every address there as 0. */
+static long (*sl_read_kernel)(void *dst, __u32 size, const void *unsafe_ptr) =
+	(void *)BPF_FUNC_probe_read_kernel;
+
 /* The IPv4 source alone: three reads, all most packets need (after_nat.c). */
 static __always_inline int kernel_skb_saddr(void *skb, __be32 *saddr)
 {
 	unsigned char *head;
 	__u16 nh;
 
-	if (bpf_probe_read_kernel(&head, sizeof(head), skb + SL_SKB_HEAD) < 0 ||
-	    bpf_probe_read_kernel(&nh, sizeof(nh), skb + SL_SKB_NETWORK_HEADER) < 0 ||
-	    bpf_probe_read_kernel(saddr, sizeof(*saddr),
+	if (sl_read_kernel(&head, sizeof(head), skb + SL_SKB_HEAD) < 0 ||
+	    sl_read_kernel(&nh, sizeof(nh), skb + SL_SKB_NETWORK_HEADER) < 0 ||
+	    sl_read_kernel(saddr, sizeof(*saddr),
 				  head + nh + __builtin_offsetof(struct iphdr, saddr)) < 0)
 		return -SL_DROP_MALFORMED;
 	return 0;
@@ -49,7 +56,7 @@ static __always_inline int kernel_skb_is_reply(void *skb)
 {
 	unsigned long nfct = 0;
 
-	if (bpf_probe_read_kernel(&nfct, sizeof(nfct), skb + SL_SKB_NFCT) < 0)
+	if (sl_read_kernel(&nfct, sizeof(nfct), skb + SL_SKB_NFCT) < 0)
 		return 0;
 	return nfct && (nfct & SL_NFCT_INFOMASK) >= SL_IP_CT_IS_REPLY;
 }
@@ -62,12 +69,12 @@ static __always_inline int parse_kernel_skb(void *skb, struct sl_packet *pkt)
 	__u32 tail, ihl, l4off, need;
 	__u16 nh, frag;
 
-	if (bpf_probe_read_kernel(&head, sizeof(head), skb + SL_SKB_HEAD) < 0 ||
-	    bpf_probe_read_kernel(&tail, sizeof(tail), skb + SL_SKB_TAIL) < 0 ||
-	    bpf_probe_read_kernel(&nh, sizeof(nh), skb + SL_SKB_NETWORK_HEADER) < 0)
+	if (sl_read_kernel(&head, sizeof(head), skb + SL_SKB_HEAD) < 0 ||
+	    sl_read_kernel(&tail, sizeof(tail), skb + SL_SKB_TAIL) < 0 ||
+	    sl_read_kernel(&nh, sizeof(nh), skb + SL_SKB_NETWORK_HEADER) < 0)
 		return -SL_DROP_MALFORMED;
 	if ((__u32)nh + sizeof(ip) > tail ||
-	    bpf_probe_read_kernel(&ip, sizeof(ip), head + nh) < 0)
+	    sl_read_kernel(&ip, sizeof(ip), head + nh) < 0)
 		return -SL_DROP_MALFORMED;
 	ihl = ip.ihl & 0xf;
 	if (ip.version != 4 || ihl < 5)
@@ -101,7 +108,7 @@ static __always_inline int parse_kernel_skb(void *skb, struct sl_packet *pkt)
 	l4off = nh + ihl * 4;
 	if (l4off + need > tail)
 		return -SL_DROP_MALFORMED;
-	if (bpf_probe_read_kernel(l4, sizeof(l4), head + l4off) < 0)
+	if (sl_read_kernel(l4, sizeof(l4), head + l4off) < 0)
 		return -SL_DROP_MALFORMED;
 	if (ip.protocol == IPPROTO_ICMP) {
 		struct icmphdr *icmp = (struct icmphdr *)l4;

@@ -37,7 +37,7 @@ from pathlib import Path
 import docker
 import yaml
 
-from tests.harness import dockerd, host, kind_image, sluice_image
+from tests.harness import dockerd, host, kind_image, oci_layout, sluice_image
 from tests.harness.cache import K8sCache
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -242,6 +242,8 @@ def load(client: docker.DockerClient, cluster: str, oci_tar: Path) -> list[str]:
     nodes = node_containers(client, cluster)
     if not nodes:
         raise KindFailed(f"cluster {cluster} has no running nodes")
+    name, digest = oci_layout.name_and_digest(oci_tar)
+    by_digest = f"{oci_layout.repository(name)}@{digest}"
     loaded = []
     for node in nodes:
         inside = f"/var/tmp/{oci_tar.name}"
@@ -253,6 +255,13 @@ def load(client: docker.DockerClient, cluster: str, oci_tar: Path) -> list[str]:
         node.exec_run(["rm", "-f", inside])
         if result.exit_code != 0:
             raise KindFailed(f"ctr images import in {node.name}: {result.output.decode()}")
+        # A reference by digest resolves only through an image of that name (what a
+        # pull records beside the tag; an import records the tag alone).
+        result = node.exec_run(
+            ["ctr", "--namespace", "k8s.io", "images", "tag", "--force", name, by_digest]
+        )
+        if result.exit_code != 0:
+            raise KindFailed(f"ctr images tag {by_digest} in {node.name}: {result.output.decode()}")
         loaded.append(node.name)
     log(f"loaded {oci_tar.name} into {', '.join(loaded)}")
     return loaded

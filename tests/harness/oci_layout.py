@@ -127,3 +127,21 @@ def docker_archive_to_oci(archive: Path, dest: Path, name: str) -> dict[str, obj
             _add(out, "index.json", _json_bytes(index))
         partial.replace(dest)
         return manifest_desc
+
+
+def name_and_digest(oci_tar: Path) -> tuple[str, str]:
+    """The image name an OCI tar's index gives its one manifest, and that manifest's
+    digest (what a reference by digest names)."""
+    with tarfile.open(oci_tar) as archive:
+        member = archive.extractfile("index.json")
+        if member is None:
+            raise ValueError(f"{oci_tar} has no index.json")
+        (manifest,) = json.load(member)["manifests"]
+    return str(manifest["annotations"]["io.containerd.image.name"]), str(manifest["digest"])
+
+
+def repository(name: str) -> str:
+    """``registry/path`` of ``registry/path:tag`` or ``registry/path@digest``."""
+    name = name.split("@", 1)[0]
+    slash, colon = name.rfind("/"), name.rfind(":")
+    return name[:colon] if colon > slash else name

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import tarfile
 import tempfile
 import time
 from dataclasses import dataclass
@@ -160,14 +159,9 @@ def write_oci_tar(client: docker.DockerClient, name: str, dest: Path) -> Path:
 
 
 def manifest_digest(oci_tar: Path) -> str:
-    """The digest of the image's manifest in an OCI tar: what a node's containerd keeps
-    it under (``ctr images import --digests``) and what a reference by digest names."""
-    with tarfile.open(oci_tar) as archive:
-        member = archive.extractfile("index.json")
-        if member is None:
-            raise BuildFailed(f"{oci_tar} has no index.json")
-        (manifest,) = json.load(member)["manifests"]
-    return str(manifest["digest"])
+    """The digest of the image's manifest in an OCI tar: what a reference by digest
+    names (kind.load records the image under it on every node)."""
+    return oci_layout.name_and_digest(oci_tar)[1]
 
 
 def pinned_reference(oci_tar: Path) -> str:

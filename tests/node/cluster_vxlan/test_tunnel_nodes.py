@@ -80,7 +80,7 @@ def rp_filters(nodes: list[Node]) -> dict[tuple[str, str], str]:
     found = {}
     for node in nodes:
         for key in RP_FILTER_KEYS:
-            proc = node.run(["sysctl", "-n", f"net.ipv4.conf.{key}.rp_filter"])
+            proc = node.run(["sysctl", "-n", f"net/ipv4/conf/{key}/rp_filter"])
             assert proc.returncode == 0, proc.stderr
             found[(node.name, key)] = proc.stdout.strip()
     return found
@@ -89,7 +89,8 @@ def rp_filters(nodes: list[Node]) -> dict[tuple[str, str], str]:
 def set_rp_filters(nodes: list[Node], values: dict[tuple[str, str], str]) -> None:
     for node in nodes:
         for key in RP_FILTER_KEYS:
-            setting = f"net.ipv4.conf.{key}.rp_filter={values[(node.name, key)]}"
+            # Slashes: the tunnel's name has a dot.
+            setting = f"net/ipv4/conf/{key}/rp_filter={values[(node.name, key)]}"
             proc = node.run(["sysctl", "-qw", setting])
             assert proc.returncode == 0, proc.stderr
 

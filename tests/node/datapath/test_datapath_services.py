@@ -16,9 +16,11 @@ the agent puts it; without it flows to ClusterIPs are refused.
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -392,3 +394,24 @@ def test_after_nat_beside_another_datapath_and_across_a_reload(dp: Datapath) -> 
         assert dp.config().after_nat == 1
     finally:
         shutil.rmtree(other_dir, ignore_errors=True)
+
+
+def test_after_nat_loads_where_kernel_addresses_read_as_zero() -> None:
+    """The DaemonSet's agent has no CAP_SYSLOG, so /proc/kallsyms gives it every address
+    as 0; bcc then took bpf_probe_read_kernel for missing and compiled the old
+    bpf_probe_read, which the kernel refuses netfilter programs: no after_nat, and
+    every egress-isolated pod's Service flow refused."""
+    bpf_dir = f"{TEST_BPF_DIR}-nosyslog"
+    script = "import sys; from cni.datapath import loader; loader.load(sys.argv[1], force=True)"
+    try:
+        proc = subprocess.run(
+            ["setpriv", "--bounding-set", "-syslog", sys.executable, "-c", script, bpf_dir],
+            capture_output=True, text=True, timeout=600, check=False,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert os.path.exists(os.path.join(bpf_dir, after_nat.PROGRAM)), proc.stderr[-2000:]
+        with Datapath(bpf_dir) as other:
+            after_nat.attach(other)
+            assert after_nat.attached(other) == list(after_nat.HOOKS)
+    finally:
+        shutil.rmtree(bpf_dir, ignore_errors=True)
