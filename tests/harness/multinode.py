@@ -36,7 +36,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -859,3 +859,17 @@ class MultiNodeCluster:
                 name: is_alive(r) for name, r in self.control_plane.state.processes.items()
             },
         }
+
+
+@contextlib.contextmanager
+def running(cluster: MultiNodeCluster) -> Iterator[MultiNodeCluster]:
+    """``cluster`` up for the block (what a crashed earlier session left torn down
+    first), then down; nothing of a node may be left."""
+    if cluster.is_up() or cluster.control_plane.is_up():
+        cluster.down()
+    cluster.up()
+    try:
+        yield cluster
+    finally:
+        leftovers = cluster.down()
+        assert not leftovers, f"cluster {cluster.name} left behind: {leftovers}"

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness.fixtures import KEEP_LOGS_ENV, _cache_or_skip
-from tests.harness.multinode import MultiNodeCluster
+from tests.harness.multinode import MultiNodeCluster, running
 
 NODES_NAME = "pytest-m"
 NODES_PORT_BASE = int(os.environ.get("SLUICE_K8S_NODES_PORT_BASE", "25000"))
@@ -39,11 +39,5 @@ def k8s_nodes() -> Iterator[MultiNodeCluster]:
         routes=NODE_ROUTES,
         keep_logs=Path(keep_logs) / NODES_NAME if keep_logs else None,
     )
-    if cluster.is_up() or cluster.control_plane.is_up():
-        cluster.down()  # what a crashed or interrupted earlier session left
-    cluster.up()
-    try:
+    with running(cluster):
         yield cluster
-    finally:
-        leftovers = cluster.down()
-        assert not leftovers, f"cluster {NODES_NAME} left behind: {leftovers}"

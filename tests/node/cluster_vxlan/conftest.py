@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness.fixtures import KEEP_LOGS_ENV, _cache_or_skip
-from tests.harness.multinode import MultiNodeCluster
+from tests.harness.multinode import MultiNodeCluster, running
 
 VXLAN_NAME = "pytest-v"
 VXLAN_PORT_BASE = int(os.environ.get("SLUICE_K8S_VXLAN_PORT_BASE", "32000"))
@@ -34,11 +34,5 @@ def vxlan_nodes() -> Iterator[MultiNodeCluster]:
         routes="agent",
         keep_logs=Path(keep_logs) / VXLAN_NAME if keep_logs else None,
     )
-    if cluster.is_up() or cluster.control_plane.is_up():
-        cluster.down()  # what a crashed or interrupted earlier session left
-    cluster.up()
-    try:
+    with running(cluster):
         yield cluster
-    finally:
-        leftovers = cluster.down()
-        assert not leftovers, f"cluster {VXLAN_NAME} left behind: {leftovers}"

@@ -231,17 +231,10 @@ def accepted(server: subprocess.Popen[str], port: int) -> int:
     return int(json.loads(out)["tcp"].get(str(port), 0))
 
 
-@contextlib.contextmanager
-def masquerading(uplink: str) -> Iterator[None]:
+def masquerading(uplink: str) -> contextlib.AbstractContextManager[None]:
     """What ipMasq and kube-proxy do to flows for addresses outside the cluster: the
     node's address as their source, before the uplink's program sees them."""
-    rule = ["POSTROUTING", "-o", uplink, "-j", "MASQUERADE",
-            "-m", "comment", "--comment", f"sluice-test-{SESSION_TAG}"]  # fmt: skip
-    subprocess.run(["iptables", "-t", "nat", "-I", *rule], check=True)
-    try:
-        yield
-    finally:
-        subprocess.run(["iptables", "-t", "nat", "-D", *rule], check=False)
+    return iptables_nat(["POSTROUTING", "-o", uplink, "-j", "MASQUERADE"])
 
 
 @pytest.mark.parametrize("masquerade", [False, True], ids=["routed", "masqueraded"])
