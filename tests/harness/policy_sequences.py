@@ -84,8 +84,13 @@ class World:
 
     namespaces: dict[str, dict[str, str]] = field(default_factory=dict)
     pods: dict[tuple[str, str], WorldPod] = field(default_factory=dict)
-    policies: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)  # resolved
+    # resolved, with ``policyTypes`` as the API server stores it
+    policies: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     real: Callable[[str], str] = lambda ns: ns
+    # policies whose stored ``policyTypes`` the API server defaulted: no field manager owns
+    # it, so a later apply that omits ``policyTypes`` keeps it (server-side apply removes
+    # only what the applier owned), even when the new rules would default otherwise
+    defaulted_types: set[tuple[str, str]] = field(default_factory=set)
 
     def copy(self) -> World:
         return World(
@@ -93,6 +98,7 @@ class World:
             {k: WorldPod(dict(p.labels), p.ports, p.ip) for k, p in self.pods.items()},
             copy.deepcopy(self.policies),
             self.real,
+            set(self.defaulted_types),
         )
 
     # -- what a step does --------------------------------------------------------------------
@@ -125,6 +131,7 @@ class World:
                 del self.pods[key]
             for key in [k for k in self.policies if k[0] == step["ns"]]:
                 del self.policies[key]
+                self.defaulted_types.discard(key)
         elif op == "pod":
             key = (step["ns"], step["pod"])
             if key in self.pods:
@@ -135,11 +142,25 @@ class World:
         elif op == "delete-pod":
             self.pods.pop((step["ns"], step["pod"]), None)
         elif op == "policy":
-            self.policies[(step["ns"], step["name"])] = self.resolve_spec(step["spec"])
+            self._store_policy((step["ns"], step["name"]), self.resolve_spec(step["spec"]))
         elif op == "delete-policy":
             self.policies.pop((step["ns"], step["name"]), None)
+            self.defaulted_types.discard((step["ns"], step["name"]))
         else:
             raise ValueError(f"unknown step {step!r}")
+
+    def _store_policy(self, key: tuple[str, str], spec: dict[str, Any]) -> None:
+        """The spec as the API server stores it after a server-side apply of ``spec``."""
+        if "policyTypes" in spec:
+            self.defaulted_types.discard(key)
+        else:
+            stored = self.policies.get(key)
+            if stored is not None and key in self.defaulted_types:
+                spec["policyTypes"] = list(stored["policyTypes"])
+            else:
+                spec["policyTypes"] = ["Ingress", "Egress"] if spec.get("egress") else ["Ingress"]
+            self.defaulted_types.add(key)
+        self.policies[key] = spec
 
     # -- names and addresses -----------------------------------------------------------------
 

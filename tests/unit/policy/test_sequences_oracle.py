@@ -294,3 +294,27 @@ def test_random_sequences_match_the_oracle(mode: str) -> None:
                 f"{minimal}\n{run(mode, minimal)}"
             )
     print(f"{mode} mode: {SEEDS} sequences, {steps_run} steps, every verdict as the oracle's")
+
+
+def test_the_world_keeps_policy_types_as_server_side_apply_does() -> None:
+    """Measured on the API server (v1.34, ``kubectl apply --server-side``): policyTypes
+    defaulted at creation belong to no field manager and survive an apply that omits
+    them, even when the new rules would default otherwise; policyTypes the applier
+    listed go with the next apply that omits them, and are defaulted afresh."""
+    world = World()
+    for step in base_steps():
+        world.apply(step)
+    egress = {"podSelector": {}, "egress": [{"to": [{"podSelector": {}}]}]}
+    ingress_only = {"podSelector": {}, "ingress": [], "egress": []}
+    world.apply({"op": "policy", "ns": "x", "name": "p", "spec": egress})
+    world.apply({"op": "policy", "ns": "x", "name": "p", "spec": ingress_only})
+    assert world.policies[("x", "p")]["policyTypes"] == ["Ingress", "Egress"]
+
+    listed = {**egress, "policyTypes": ["Egress"]}
+    world.apply({"op": "policy", "ns": "x", "name": "q", "spec": listed})
+    world.apply({"op": "policy", "ns": "x", "name": "q", "spec": ingress_only})
+    assert world.policies[("x", "q")]["policyTypes"] == ["Ingress"]
+
+    world.apply({"op": "delete-policy", "ns": "x", "name": "p"})
+    world.apply({"op": "policy", "ns": "x", "name": "p", "spec": ingress_only})
+    assert world.policies[("x", "p")]["policyTypes"] == ["Ingress"]
