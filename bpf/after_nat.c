@@ -17,6 +17,7 @@
 
 #define SL_NF_DROP	0
 #define SL_NF_ACCEPT	1
+#define SL_NF_INET_FORWARD	2
 
 /* struct bpf_nf_ctx: the hook's state, then the packet. */
 struct sl_nf_ctx {
@@ -37,7 +38,7 @@ int after_nat(struct sl_nf_ctx *ctx)
 	 * a DNAT after it), so no conntrack key of the pod's would name it: the
 	 * node's own connection to a ClusterIP, a NodePort's client, masqueraded
 	 * by kube-proxy, reach an egress-isolated pod so. */
-	if (kernel_skb_is_reply(ctx->skb))
+	if (kernel_skb_is_nat_reply(ctx->skb))
 		return SL_NF_ACCEPT;
 	/* Most other packets are no egress-isolated pod's: three reads and a
 	 * lookup. A packet whose source cannot be read names no pod (from_pod
@@ -50,6 +51,16 @@ int after_nat(struct sl_nf_ctx *ctx)
 		return SL_NF_ACCEPT;
 	if (parse_kernel_skb(ctx->skb, &pkt) < 0) {
 		verdict_drop(*owner, SL_DIR_EGRESS, SL_DROP_MALFORMED, &pkt.flow);
+		return SL_NF_DROP;
+	}
+	/* Still addressed to a service address when the node forwards it: no DNAT
+	 * translated it (a port the Service does not have, a "reply" of a
+	 * connection netfilter never NATed), and it would leave toward that
+	 * address with the deferred verdict from_pod gave it. Refused. On
+	 * LOCAL_IN, IPVS translates after this hook; the backend's veth or the
+	 * uplink judges that flow. */
+	if (kernel_hook(ctx->state) == SL_NF_INET_FORWARD && service_ips.lookup(&pkt.flow.daddr)) {
+		verdict_drop(*owner, SL_DIR_EGRESS, SL_DROP_UNJUDGED, &pkt.flow);
 		return SL_NF_DROP;
 	}
 	/* A pod reaching itself through its Service is never judged. */

@@ -4,7 +4,8 @@
  *
  * API:
  *   int kernel_skb_saddr(skb, __be32 *saddr)         0, or a negative SL_* reason
- *   int kernel_skb_is_reply(skb)                      netfilter tracks it as a reply
+ *   int kernel_skb_is_nat_reply(skb)                  a reply of a connection netfilter NATed
+ *   int kernel_hook(state)                            the hook (NF_INET_*), or -1
  *   int parse_kernel_skb(skb, struct sl_packet *pkt)  0, or a negative SL_* reason
  *
  * A netfilter program has no bpf_skb_load_bytes: it reads the skb and its
@@ -47,18 +48,42 @@ static __always_inline int kernel_skb_saddr(void *skb, __be32 *saddr)
 	return 0;
 }
 
-/* Netfilter's conntrack holds the packet as a reply of its connection (ctinfo,
- * the low 3 bits of skb->_nfct: IP_CT_IS_REPLY and up). */
+/* Netfilter's conntrack holds the packet as a reply of a connection it NATed
+ * (ctinfo, the low 3 bits of skb->_nfct: IP_CT_IS_REPLY and up; the rest
+ * points to the struct nf_conn, whose status has IPS_SRC_NAT or
+ * IPS_DST_NAT). A connection nobody NATed proves nothing: a host that sends
+ * a packet with a ClusterIP source to a pod makes the pod's packets back
+ * "replies" that no DNAT translates. Where nf_conn's layout is unknown
+ * (SL_NF_CONN_STATUS -1: conntrack a module), any reply. */
 #define SL_NFCT_INFOMASK	7
 #define SL_IP_CT_IS_REPLY	3
+#define SL_IPS_NAT		((1UL << 4) | (1UL << 5))	/* IPS_SRC_NAT | IPS_DST_NAT */
 
-static __always_inline int kernel_skb_is_reply(void *skb)
+static __always_inline int kernel_skb_is_nat_reply(void *skb)
 {
-	unsigned long nfct = 0;
+	unsigned long nfct = 0, status = 0;
 
 	if (sl_read_kernel(&nfct, sizeof(nfct), skb + SL_SKB_NFCT) < 0)
 		return 0;
-	return nfct && (nfct & SL_NFCT_INFOMASK) >= SL_IP_CT_IS_REPLY;
+	if (!nfct || (nfct & SL_NFCT_INFOMASK) < SL_IP_CT_IS_REPLY)
+		return 0;
+	if (SL_NF_CONN_STATUS < 0)
+		return 1;
+	if (sl_read_kernel(&status, sizeof(status),
+			   (void *)(nfct & ~(unsigned long)SL_NFCT_INFOMASK) + SL_NF_CONN_STATUS) < 0)
+		return 0;
+	return (status & SL_IPS_NAT) != 0;
+}
+
+/* The netfilter hook the program runs on (struct nf_hook_state's hook), or -1. */
+static __always_inline int kernel_hook(const void *state)
+{
+	__u8 hook = 0;
+
+	if (SL_NF_HOOK_STATE_HOOK < 0 ||
+	    sl_read_kernel(&hook, sizeof(hook), state + SL_NF_HOOK_STATE_HOOK) < 0)
+		return -1;
+	return hook;
 }
 
 static __always_inline int parse_kernel_skb(void *skb, struct sl_packet *pkt)

@@ -243,7 +243,8 @@ def _load(datapath: Datapath, settings: DatapathSettings, stale: list[int] | Non
         ) from None
     defines = [f"-D{name}={value}" for name, value in settings.compiled().items()]
     skb = skb_offsets()
-    defines += [f"-D{name}={value}" for name, value in (skb or SKB_UNKNOWN).items()]
+    unknown = {**SKB_UNKNOWN, **dict.fromkeys(OPTIONAL_MEMBERS, -1)}
+    defines += [f"-D{name}={value}" for name, value in (skb or unknown).items()]
     try:
         module = BPF(
             text=program_source().encode(),
@@ -303,17 +304,29 @@ SKB_MEMBERS = {
     "SL_SKB_NFCT": "_nfct",
 }
 SKB_UNKNOWN = dict.fromkeys(SKB_MEMBERS, 0)
+# Read where the kernel has them: nf_conn lives in the nf_conntrack module's BTF where
+# conntrack is a module (-1: unknown, and bpf/skb.h does without).
+OPTIONAL_MEMBERS = {
+    "SL_NF_HOOK_STATE_HOOK": ("nf_hook_state", "hook"),
+    "SL_NF_CONN_STATUS": ("nf_conn", "status"),
+}
 
 
 def skb_offsets() -> dict[str, int] | None:
-    """The running kernel's struct sk_buff offsets bpf/skb.h needs (None: no BTF)."""
+    """The running kernel's offsets bpf/skb.h needs (None: no BTF)."""
     from cni.datapath import btf
 
     try:
-        return {define: btf.member_offset("sk_buff", m) for define, m in SKB_MEMBERS.items()}
+        found = {define: btf.member_offset("sk_buff", m) for define, m in SKB_MEMBERS.items()}
     except btf.BTFError as err:
         log.warning("no netfilter program: %s", err)
         return None
+    for define, (struct, member) in OPTIONAL_MEMBERS.items():
+        try:
+            found[define] = btf.member_offset(struct, member)
+        except btf.BTFError:
+            found[define] = -1
+    return found
 
 
 def _pin_markers(bpf_dir: str, settings: DatapathSettings) -> None:

@@ -16,6 +16,7 @@ the agent puts it; without it flows to ClusterIPs are refused.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import shutil
@@ -225,8 +226,6 @@ def serve_in(netns: str | None, port: int) -> subprocess.Popen[str]:
 
 
 def accepted(server: subprocess.Popen[str], port: int) -> int:
-    import json
-
     out, _ = server.communicate("", timeout=20)
     return int(json.loads(out)["tcp"].get(str(port), 0))
 
@@ -408,3 +407,69 @@ def test_after_nat_loads_where_kernel_addresses_read_as_zero() -> None:
             assert after_nat.attached(other) == list(after_nat.HOOKS)
     finally:
         shutil.rmtree(bpf_dir, ignore_errors=True)
+
+
+UDP_COUNTER = """
+import json, socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind((sys.argv[1], int(sys.argv[2])))
+s.settimeout(0.2)
+print("ready", flush=True)
+seen = {}
+import select
+while True:
+    if select.select([sys.stdin], [], [], 0)[0] and not sys.stdin.readline():
+        break
+    try:
+        data, (ip, _) = s.recvfrom(2048)
+    except socket.timeout:
+        continue
+    seen[ip] = seen.get(ip, 0) + 1
+print(json.dumps(seen), flush=True)
+"""
+UDP_SEND = """
+import socket, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+if sys.argv[3] != "-":
+    s.bind((sys.argv[3], int(sys.argv[4])))
+for _ in range(5):
+    s.sendto(b"x", (sys.argv[1], int(sys.argv[2])))
+    time.sleep(0.05)
+"""
+
+
+def test_a_flow_to_a_cluster_ip_that_no_dnat_translates_leaves_nowhere(
+    cluster: list[Pod], kube_proxy: KubeProxy | NftKubeProxy, dp: Datapath, bare_remote: Remote
+) -> None:
+    """An egress-isolated pod's flow to a ClusterIP passes where the pod sends it, to be
+    judged after DNAT. Nothing translates it on a port the Service does not have, nor
+    when netfilter takes it for the reply of a connection a host opened from the
+    ClusterIP itself: it would leave by the node's route toward that address, to
+    whoever holds it (here a host beyond a device, counting what reaches it)."""
+    a, b, _ = cluster
+    svc = cluster_ip()
+    kube_proxy.service("U", svc, [(b.ip, 8080)])  # TCP 80 only
+    dp.set_service_ips([svc])
+    P.install(dp, a.ifindex, only_b(b))
+    in_netns(bare_remote.netns, "ip", "addr", "add", f"{svc}/32", "dev", "eth0", check=True)
+    route = ["ip", "route", "add", f"{svc}/32", "dev", bare_remote.uplink]
+    subprocess.run(route, check=True)
+    far = ["ip", "netns", "exec", bare_remote.netns.rsplit("/", 1)[1], PYTHON]
+    try:
+        # A "reply": the far side writes from the ClusterIP first (before its counter
+        # holds the port), then a answers it.
+        subprocess.run([*far, "-c", UDP_SEND, a.ip, "9999", svc, "5353"], check=True, timeout=20)
+        counter = subprocess.Popen(
+            [*far, "-c", UDP_COUNTER, svc, "5353"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert counter.stdout is not None and counter.stdout.readline().strip() == "ready"
+        in_netns(a.netns, PYTHON, "-c", UDP_SEND, svc, "5353", a.ip, "9999", check=True)
+        # A port the Service does not have.
+        in_netns(a.netns, PYTHON, "-c", UDP_SEND, svc, "5353", "-", "0", check=True)
+        out, _ = counter.communicate("", timeout=20)
+        reached = json.loads(out.strip().splitlines()[-1])
+        assert reached.get(a.ip, 0) == 0, f"{reached[a.ip]} datagrams left untranslated"
+        assert dp.counters()["egress"]["drop-unjudged"] >= 10
+    finally:
+        subprocess.run(["ip", "route", "del", f"{svc}/32"], check=False)
