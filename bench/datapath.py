@@ -93,9 +93,10 @@ from dpbench.report import report
 from dpbench.topology import Topology
 
 from cni.datapath import after_nat
-from cni.datapath import policy as P
+from cni.datapath import policy_install as P
 from cni.datapath.events import DenyEvent, RingBuffer
 from cni.datapath.maps import Datapath
+from cni.policy.vocabulary import EndpointPolicy
 
 
 class Bench:
@@ -109,7 +110,7 @@ class Bench:
         self.topology = Topology(stack, str(pid), self.work, self.bpf_dir)
         self.server, self.client = self.topology.pods
         self.chain = Chain(f"SLBENCH-{pid}")
-        self.policies: dict[int, P.EndpointPolicy] = {}
+        self.policies: dict[int, EndpointPolicy] = {}
         self.sizes: dict[int, int] = {}
         self.state: tuple[bool, int | None, int | None, bool] | None = None
         self.checks: list[str] = []
@@ -136,7 +137,7 @@ class Bench:
         if self.state is None or have[2] != want[2]:
             self.chain.remove()
         if self.state is None or have[1] != want[1]:
-            policy = self.policies[want[1]] if want[1] else P.EndpointPolicy()
+            policy = self.policies[want[1]] if want[1] else EndpointPolicy()
             P.install(self.dp, self.server.ifindex, policy)
         if have[0] != want[0]:
             self.topology.set_programs(want[0])

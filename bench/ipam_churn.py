@@ -23,11 +23,14 @@ import statistics
 import sys
 import tempfile
 import time
+from pathlib import Path
 
-from ipam import config as ipam_config
-from ipam.clock import SimulatedClock
-from ipam.modes import open_allocator
-from ipam.prefix import PrefixAllocator
+sys.path[:0] = [str(Path(__file__).resolve().parents[1])]  # the tests' clock
+
+from ipam import config as ipam_config  # noqa: E402
+from ipam.modes import open_allocator  # noqa: E402
+from ipam.prefix import PrefixAllocator  # noqa: E402
+from tests.harness.clock import SimulatedClock  # noqa: E402
 
 
 def main() -> None:

@@ -7,8 +7,9 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from cni.datapath import policy as P
+from cni.datapath import policy_install as P
 from cni.datapath.events import DenyEvent
+from cni.policy.vocabulary import AllowRule, EndpointPolicy, PeerCIDR, Ports
 
 SUBNET = "10.213.0.0/24"
 IPERF_PORT, RR_PORT, CRR_PORT = 5201, 5202, 5203
@@ -75,13 +76,13 @@ def other_peers(n: int) -> list[tuple[str, int]]:
     return pairs
 
 
-def build_policies(client_ip: str) -> tuple[dict[int, P.EndpointPolicy], dict[int, int]]:
+def build_policies(client_ip: str) -> tuple[dict[int, EndpointPolicy], dict[int, int]]:
     """{rules: policy} for every configuration with rules, and {rules: map entries}."""
-    allow_client = P.AllowRule(
-        peers=(P.PeerCIDR(f"{client_ip}/32"),),
-        ports=tuple(P.Ports("tcp", port) for port in BENCH_PORTS),
+    allow_client = AllowRule(
+        peers=(PeerCIDR(f"{client_ip}/32"),),
+        ports=tuple(Ports("tcp", port) for port in BENCH_PORTS),
     )
-    policies: dict[int, P.EndpointPolicy] = {}
+    policies: dict[int, EndpointPolicy] = {}
     sizes: dict[int, int] = {}
     for config in CONFIGS:
         if config.rules is None or config.rules in policies:
@@ -90,13 +91,13 @@ def build_policies(client_ip: str) -> tuple[dict[int, P.EndpointPolicy], dict[in
         for address, port in other_peers(config.rules - 1):
             by_peer.setdefault(address, []).append(port)
         rules = tuple(
-            P.AllowRule(
-                peers=(P.PeerCIDR(f"{address}/32"),),
-                ports=tuple(P.Ports("tcp", port) for port in ports),
+            AllowRule(
+                peers=(PeerCIDR(f"{address}/32"),),
+                ports=tuple(Ports("tcp", port) for port in ports),
             )
             for address, ports in by_peer.items()
         )
-        policy = P.EndpointPolicy(ingress=(allow_client, *rules))
+        policy = EndpointPolicy(ingress=(allow_client, *rules))
         started = time.monotonic()
         sizes[config.rules] = P.size(policy)
         print(

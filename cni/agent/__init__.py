@@ -2,6 +2,6 @@
 keeps the datapath, netlink and the IPAM store open, serves the plugin's CNI
 calls over a unix socket, and computes and installs every pod's policy.
 
-``wire`` and ``client`` use only the standard library: the ``sluice``
-executable imports them on every call.
+``cni.plugin.frames`` and ``cni.plugin.client`` use only the standard library:
+the ``sluice`` executable imports them on every call.
 """

@@ -29,7 +29,7 @@ from pyroute2 import IPRoute
 
 from cni.agent import prefix_claims, routes
 from cni.agent.enforcer import Enforcer
-from cni.agent.handlers import Handlers
+from cni.agent.handlers import RequestHandlers
 from cni.agent.http_listener import Listener
 from cni.agent.instance_lock import InstanceLock
 from cni.agent.kube_source import COLLECTIONS, KubernetesSource
@@ -45,7 +45,7 @@ from cni.kube.api import Api
 from cni.kube.memory import limit_malloc_arenas
 from cni.net import link
 from cni.net.netlink import node_socket
-from cni.plugin import ipam_client, wiring
+from cni.plugin import ipam_client, podnet
 from cni.plugin.netconf import NetConf
 from cni.plugin.verbs import delete
 from cni.policy.published.index import ShardIndex
@@ -171,7 +171,7 @@ class Agent:
             self.local_store = LocalStore(self.state, self.enforcer)
             self.local_store.load()
             self.enforcer.mark_ready()
-        self.handlers = Handlers(
+        self.handlers = RequestHandlers(
             conf,
             self.enforcer,
             self.local_store,
@@ -311,7 +311,7 @@ class Agent:
         if self.conf.policy != "enforce":
             return
         with node_socket() as node:
-            veths = wiring.node_veths(node, self.conf.network)
+            veths = podnet.node_veths(node, self.conf.network)
         for (container_id, ifname), veth in veths.items():
             if veth.up:
                 continue

@@ -20,7 +20,7 @@ Consistency rules:
 - a new endpoint's policy is installed before its veth is up (the ADD's
   ``before_up`` hook), so no packet crosses it unjudged;
 - every install is a whole generation switched in one map write
-  (``cni.datapath.policy.install_many``); an endpoint's installs are
+  (``cni.datapath.policy_install.install_many``); an endpoint's installs are
   serialised by its own lock and each computes the policy from the newest
   state, so a slow install can be overtaken, never reverted;
 - every change marks the endpoints it may affect; a worker thread
@@ -43,16 +43,17 @@ from dataclasses import replace
 from typing import Any
 
 from cni.agent.state import AgentState, EndpointRecord
-from cni.datapath import policy as datapath_policy
+from cni.datapath import policy_install as datapath_policy
 from cni.datapath.maps import Datapath
 from cni.policy.errors import PolicyIncomplete
 from cni.policy.model import KubeObject, Pod, PodKey
 from cni.policy.resolve import PodPolicyResolver, PolicyIndex, service_ips
+from cni.policy.vocabulary import EndpointPolicy, PolicyError
 
 log = logging.getLogger("sluice.agent")
 
 EndpointKey = tuple[str, str]  # (container id, ifname)
-NOT_ISOLATED = datapath_policy.EndpointPolicy()
+NOT_ISOLATED = EndpointPolicy()
 
 
 class NotReady(Exception):
@@ -82,7 +83,7 @@ class Enforcer:
         self.source_pods: dict[PodKey, Pod] = {}
         # Pods the source deleted whose endpoint is still here: as last known, until DEL.
         self.departed_pods: dict[PodKey, Pod] = {}
-        self.installed: dict[EndpointKey, datapath_policy.EndpointPolicy] = {}
+        self.installed: dict[EndpointKey, EndpointPolicy] = {}
         self.generations: dict[EndpointKey, int] = {}
         self._endpoint_locks: dict[EndpointKey, threading.Lock] = {}
         self._dirty: set[EndpointKey] = set()
@@ -237,7 +238,7 @@ class Enforcer:
                 self.departed_pods.pop(record.pod, None)
             self._queue(self._endpoints_of(self._index_pod(record.pod)))
 
-    def endpoint_policy(self, key: EndpointKey) -> datapath_policy.EndpointPolicy:
+    def endpoint_policy(self, key: EndpointKey) -> EndpointPolicy:
         """What the endpoint's policy should be now."""
         with self.lock:
             record = self.endpoints.get(key)
@@ -355,7 +356,7 @@ class Enforcer:
             for key in keys:  # in order: two batches never wait for each other's locks
                 held.enter_context(self._endpoint_lock(key))
             pending: dict[int, tuple[EndpointKey, EndpointRecord]] = {}
-            desired: dict[int, datapath_policy.EndpointPolicy] = {}
+            desired: dict[int, EndpointPolicy] = {}
             with self.lock:
                 for key in keys:
                     record = self.endpoints.get(key)
@@ -378,7 +379,7 @@ class Enforcer:
                     self._installing.add(key)  # from here until its install is over
             if not pending:
                 return generations, failed
-            rejected: dict[int, datapath_policy.PolicyError] = {}
+            rejected: dict[int, PolicyError] = {}
             crashed: Exception | None = None
             started = time.perf_counter()
             try:

@@ -22,7 +22,7 @@ from cni.agent.local_store import LocalStore
 from cni.agent.retire import Retirer
 from cni.agent.state import EndpointRecord
 from cni.datapath.maps import Datapath
-from cni.plugin import ipam_client, netconf, release, wire
+from cni.plugin import frames, ipam_client, netconf, release
 from cni.plugin.netconf import NetConf
 from cni.plugin.verbs import add, check, delete, gc, status
 from cni.spec.call import execute
@@ -42,7 +42,7 @@ log = logging.getLogger("sluice.agent")
 READY_WAIT = 30.0  # an ADD waits this long for the sources to sync
 
 
-class Handlers:
+class RequestHandlers:
     def __init__(
         self,
         conf: NetConf,
@@ -71,7 +71,7 @@ class Handlers:
         self.retirer.close()
 
     def handle(self, request: dict[str, Any]) -> dict[str, Any]:
-        if request.get("v") != wire.VERSION:
+        if request.get("v") != frames.VERSION:
             return {"error": f"unsupported protocol version {request.get('v')!r}"}
         op = request.get("op")
         handler = {
@@ -168,7 +168,7 @@ class Handlers:
             except NotReady as err:
                 raise CNIError(ERR_TRY_AGAIN, str(err)) from None
 
-        def wire() -> Result:
+        def run_add() -> Result:
             return add.add(
                 conf,
                 attachment,
@@ -182,7 +182,7 @@ class Handlers:
         try:
             finished, _ = self.retirer.progress()
             try:
-                result = wire()
+                result = run_add()
             except CNIError as err:
                 # Addresses of answered DELs may have been on their way back: once
                 # they are, the pool may have room again.
@@ -190,7 +190,7 @@ class Handlers:
                 if err.code != ERR_NO_ADDRESS or not (pending or now_finished != finished):
                     raise
                 self.retirer.drain()
-                result = wire()
+                result = run_add()
         except BaseException:
             if registered:  # the ADD was undone: so is the endpoint
                 self.enforcer.endpoint_gone(attachment.key)

@@ -27,7 +27,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from cni.plugin import wire
+from cni.plugin import frames
 
 log = logging.getLogger("sluice.agent")
 
@@ -65,14 +65,16 @@ class _Connection(socketserver.BaseRequestHandler):
             return
         try:
             try:
-                body = wire.receive_frame(wire.Deadline(sock, REQUEST_DEADLINE), wire.MAX_REQUEST)
-                call = wire.parse_call(body) if wire.is_call(body) else None
-                request = None if call else wire.decode(body)
-            except (OSError, wire.WireError) as err:
+                body = frames.receive_frame(
+                    frames.Deadline(sock, REQUEST_DEADLINE), frames.MAX_REQUEST
+                )
+                call = frames.parse_call(body) if frames.is_call(body) else None
+                request = None if call else frames.decode(body)
+            except (OSError, frames.FrameError) as err:
                 log.warning("bad request from pid %d: %s", pid, err)
                 refusal = {"error": f"bad request: {err}"}
                 with contextlib.suppress(OSError):
-                    wire.send(wire.Deadline(sock, ANSWER_DEADLINE), refusal)
+                    frames.send(frames.Deadline(sock, ANSWER_DEADLINE), refusal)
                 return
         finally:
             self.server.reading.release()
@@ -86,7 +88,7 @@ class _Connection(socketserver.BaseRequestHandler):
                 assert request is not None
                 answer = self._run_request(pid, request)
         try:
-            wire.send_frame(wire.Deadline(sock, ANSWER_DEADLINE), answer)
+            frames.send_frame(frames.Deadline(sock, ANSWER_DEADLINE), answer)
         except OSError as err:
             log.warning("the answer to pid %d was not taken: %s", pid, err)
 
@@ -98,7 +100,7 @@ class _Connection(socketserver.BaseRequestHandler):
             # call itself, as when no agent answers.
             log.exception("CNI call from pid %d failed", pid)
             return self._encode({"error": f"internal error: {err!r}"})
-        return wire.answer_frame(rc, out, stderr)
+        return frames.answer_frame(rc, out, stderr)
 
     def _run_request(self, pid: int, request: dict[str, Any]) -> bytes:
         try:

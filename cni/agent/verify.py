@@ -37,10 +37,11 @@ from typing import Any
 
 from cni.agent.enforcer import NOT_ISOLATED, EndpointKey, Enforcer
 from cni.datapath import readback, ruleset
-from cni.datapath.policy import EndpointPolicy
+from cni.datapath.policy_install import endpoint_flags
 from cni.datapath.structs import DIR_EGRESS, DIR_INGRESS, NONE
 from cni.policy.errors import PolicyIncomplete
 from cni.policy.resolve import service_ips
+from cni.policy.vocabulary import EndpointPolicy
 
 log = logging.getLogger("sluice.agent")
 
@@ -235,10 +236,13 @@ def _compare_endpoint(
                     key,
                 )
             )
-    if entry.flags != fresh.flags():
+    if entry.flags != endpoint_flags(fresh):
         found.append(
             Difference(
-                "datapath", subject, f"flags {entry.flags:#x}, wants {fresh.flags():#x}", key
+                "datapath",
+                subject,
+                f"flags {entry.flags:#x}, wants {endpoint_flags(fresh):#x}",
+                key,
             )
         )
     return found

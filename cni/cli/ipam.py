@@ -221,20 +221,20 @@ def _node_attachments(conf: NetConf) -> Iterator[tuple[Any, Any]]:
     from cni.datapath.maps import Datapath
     from cni.net import masq
     from cni.net.netlink import node_socket
-    from cni.plugin import wiring
+    from cni.plugin import podnet
 
     with node_socket() as node, Datapath(conf.bpf_dir) as datapath:
 
         def listing() -> dict[tuple[str, str], list[str]]:
-            veths = wiring.node_veths(node, conf.network)
-            return {key: wiring.node_routed_ips(node, veth) for key, veth in veths.items()}
+            veths = podnet.node_veths(node, conf.network)
+            return {key: podnet.node_routed_ips(node, veth) for key, veth in veths.items()}
 
         def remove(container_id: str, ifname: str) -> None:
-            veth = wiring.node_veths(node, conf.network).get((container_id, ifname))
+            veth = podnet.node_veths(node, conf.network).get((container_id, ifname))
             if veth is None:
                 return
-            ips = wiring.node_routed_ips(node, veth)
-            wiring.unwire(node, veth, datapath, ips)
+            ips = podnet.node_routed_ips(node, veth)
+            podnet.disconnect(node, veth, datapath, ips)
             if conf.ip_masq:
                 masq.remove(conf.network, ips)
 

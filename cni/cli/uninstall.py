@@ -155,10 +155,10 @@ def daemonset_lives(reference: str, kubeconfig: str | None) -> bool:
 def attached_pods(network: str) -> list[str]:
     """Container ids (and ifnames) of the network's pods wired on this node."""
     from cni.net.netlink import node_socket
-    from cni.plugin import wiring
+    from cni.plugin import podnet
 
     with node_socket() as node:
-        return sorted(f"{cid}/{ifname}" for cid, ifname in wiring.node_veths(node, network))
+        return sorted(f"{cid}/{ifname}" for cid, ifname in podnet.node_veths(node, network))
 
 
 def _remove_file(path: str, shown: str, what: str) -> None:

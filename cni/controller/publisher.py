@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cni.controller.sharding import placement_hash, shard_count
-from cni.policy.kinds import ByKind, Handlers
+from cni.policy.kinds import ByKind, KindHandlers
 from cni.policy.model import Namespace, NetworkPolicy, Pod, PodKey, PolicyKey
 from cni.policy.published import objects
 from cni.policy.published.objects import (
@@ -142,22 +142,22 @@ class Publisher:
 
     # -- inputs, by kind ---------------------------------------------------------------------
 
-    def _handlers(self) -> dict[type, Handlers[None]]:
-        def published(kind: str) -> Handlers[None]:
-            return Handlers(
+    def _handlers(self) -> dict[type, KindHandlers[None]]:
+        def published(kind: str) -> KindHandlers[None]:
+            return KindHandlers(
                 self.observe, self.forget, replace=lambda infos: self.replace_published(kind, infos)
             )
 
         return {
-            Namespace: Handlers(
+            Namespace: KindHandlers(
                 self.put_namespace,
                 lambda namespace: self.remove_namespace(namespace.name),
                 replace=self.replace_namespaces,
             ),
-            Pod: Handlers(
+            Pod: KindHandlers(
                 self.put_pod, lambda pod: self.remove_pod(pod.key), replace=self.replace_pods
             ),
-            PolicyRecord: Handlers(
+            PolicyRecord: KindHandlers(
                 lambda record: self.put_policy(record.policy, record.uid, record.generation),
                 lambda record: self.remove_policy(record.policy.key),
                 replace=lambda records: self.replace_policies(

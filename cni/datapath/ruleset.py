@@ -18,7 +18,7 @@ Compilation:
 
 A compiled rule set's digest (SHA-256 of its entries, in order) is its name:
 equal digests, equal maps, so endpoints whose rules compile alike share
-one pair of inner maps (``cni.datapath.policies``).
+one pair of inner maps (``cni.datapath.policy_registry``).
 """
 
 from __future__ import annotations
@@ -43,53 +43,11 @@ from cni.datapath.structs import (
     ip_be,
     port_be,
 )
+from cni.policy.vocabulary import AllowRule, Family, PeerCIDR, PolicyError, Ports
 
-PROTOCOLS = {"tcp": 6, "udp": 17, "sctp": 132, "icmp": 1, "any": 0}
 NO_RULE = 0  # peer set id of addresses no rule matches
 # Ranges a protocol cannot keep in its 8 slots are spelled out, up to this many ports.
 MAX_EXPANDED_PORTS = 4096
-
-
-class PolicyError(ValueError):
-    pass
-
-
-@dataclass(frozen=True)
-class Ports:
-    """A protocol and destination ports: ``first`` and ``last`` both 0 mean any port;
-    ``first`` alone one port; both a range (``first`` 0: the range 0..last)."""
-
-    protocol: str = "tcp"
-    first: int = 0
-    last: int = 0  # 0: same as first
-
-    @property
-    def proto(self) -> int:
-        try:
-            return PROTOCOLS[self.protocol.lower()]
-        except KeyError:
-            raise PolicyError(f"unknown protocol {self.protocol!r}") from None
-
-    @property
-    def span(self) -> tuple[int, int]:
-        last = self.last or self.first
-        if not 0 <= self.first <= last <= 65535:
-            raise PolicyError(f"invalid port range {self.first}-{self.last}")
-        return self.first, last
-
-
-@dataclass(frozen=True)
-class PeerCIDR:
-    cidr: str
-    excepts: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class AllowRule:
-    """Traffic with any of ``peers`` (none: any peer) on any of ``ports`` (none: any)."""
-
-    peers: tuple[PeerCIDR, ...] = ()
-    ports: tuple[Ports, ...] = ()
 
 
 @dataclass
@@ -103,10 +61,9 @@ class CompiledDirection:
 
 
 def _network(cidr: str) -> ipaddress.IPv4Network:
-    try:
-        return ipaddress.IPv4Network(cidr, strict=False)
-    except ValueError as err:
-        raise PolicyError(f"invalid CIDR {cidr!r}: {err}") from None
+    if PeerCIDR(cidr).family != Family.IPV4:
+        raise PolicyError(f"peer {cidr!r}: the datapath compiles IPv4 peers only")
+    return ipaddress.IPv4Network(cidr, strict=False)
 
 
 def _supernets(net: ipaddress.IPv4Network) -> list[tuple[int, int]]:

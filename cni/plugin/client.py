@@ -8,7 +8,7 @@ the call itself.
 
 import _socket
 
-from cni.plugin import wire
+from cni.plugin import frames
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -38,16 +38,16 @@ def exchange(path: str, body: bytes, timeout: float | None = None) -> bytes:
     """Send one frame and return the answer's body, all within ``timeout`` seconds."""
     seconds = REQUEST_DEADLINE if timeout is None else timeout
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
-    bounded = wire.Deadline(sock, seconds)
+    bounded = frames.Deadline(sock, seconds)
     try:
         try:
             bounded.connect(path)
         except OSError as err:
             raise AgentUnavailable(f'no agent on "{path}": {err.strerror or err}') from None
         try:
-            wire.send_frame(bounded, body)
-            return wire.receive_frame(bounded, wire.MAX_ANSWER)
-        except (OSError, wire.WireError) as err:
+            frames.send_frame(bounded, body)
+            return frames.receive_frame(bounded, frames.MAX_ANSWER)
+        except (OSError, frames.FrameError) as err:
             raise AgentUnavailable(f'the agent on "{path}" did not answer: {err}') from None
     finally:
         sock.close()
@@ -69,10 +69,10 @@ def forward(
 ) -> tuple[int, str, str]:
     """Run one CNI call in the agent: (exit code, stdout, stderr)."""
     deadline = call_deadline(env) if timeout is None else timeout
-    answer = exchange(path, wire.call_frame(env, stdin), deadline)
+    answer = exchange(path, frames.call_frame(env, stdin), deadline)
     try:
-        return wire.parse_answer(answer)
-    except wire.WireError:
+        return frames.parse_answer(answer)
+    except frames.FrameError:
         refusal = answer[:200]
         raise AgentUnavailable(f'the agent on "{path}" refused the call: {refusal!r}') from None
 
@@ -82,13 +82,13 @@ def call(path: str, request: "dict[str, Any]", timeout: float | None = None) -> 
     import json
 
     body = json.dumps(request, separators=(",", ":")).encode()
-    if len(body) > wire.MAX_REQUEST:
+    if len(body) > frames.MAX_REQUEST:
         # The agent closes the socket on a frame over its limit: say so before sending.
         raise RequestTooLarge(
             f"the request is {len(body)} bytes, over the agent's limit of "
-            f"{wire.MAX_REQUEST} bytes per request"
+            f"{frames.MAX_REQUEST} bytes per request"
         )
     try:
-        return wire.decode(exchange(path, body, timeout))
-    except wire.WireError as err:
+        return frames.decode(exchange(path, body, timeout))
+    except frames.FrameError as err:
         raise AgentUnavailable(f'the agent on "{path}" answered garbage: {err}') from None

@@ -12,10 +12,10 @@ import ipaddress
 from dataclasses import dataclass, field
 from typing import Any
 
-from cni.datapath.policy import AllowRule, PeerCIDR, Ports
 from cni.policy.model import DIRECTIONS, Direction, PodKey, PolicyKey, label_dict
 from cni.policy.resolve import PolicyIndex
 from cni.policy.rules import RuleOrigin
+from cni.policy.vocabulary import AllowRule, PeerCIDR, Ports
 
 
 def _name(key: tuple[str, str]) -> str:

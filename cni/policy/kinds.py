@@ -17,7 +17,7 @@ R = TypeVar("R")
 
 
 @dataclass(frozen=True, slots=True)
-class Handlers(Generic[R]):
+class KindHandlers(Generic[R]):
     """What a receiver does with the objects of one kind.
 
     ``replace`` makes the receiver's objects of the kind exactly the given ones;
@@ -37,7 +37,7 @@ class ByKind(Generic[R]):
 
     def __init__(
         self,
-        handlers: Mapping[type, Handlers[R]],
+        handlers: Mapping[type, KindHandlers[R]],
         merge: Callable[[Iterable[R]], R],
         receiver: str,
     ) -> None:
@@ -45,7 +45,7 @@ class ByKind(Generic[R]):
         self._merge = merge
         self._receiver = receiver
 
-    def of(self, kind: type) -> Handlers[R]:
+    def of(self, kind: type) -> KindHandlers[R]:
         handlers = self._handlers.get(kind)
         if handlers is None:
             raise TypeError(f"{self._receiver} takes no {kind.__name__}")
@@ -70,7 +70,7 @@ class ByKind(Generic[R]):
 
 
 def replace_by_key(
-    handlers: Handlers[R], objects: list[Any], merge: Callable[[Iterable[R]], R]
+    handlers: KindHandlers[R], objects: list[Any], merge: Callable[[Iterable[R]], R]
 ) -> R:
     """Upsert each object, then delete those held whose key is not among them."""
     assert handlers.current is not None and handlers.key is not None

@@ -34,10 +34,9 @@ from dataclasses import dataclass, replace
 from itertools import chain
 from typing import Any, cast
 
-from cni.datapath.policy import AllowRule, EndpointPolicy, PeerCIDR
 from cni.policy.errors import PolicyIncomplete
 from cni.policy.groups import PodGroups, Role
-from cni.policy.kinds import ByKind, Handlers
+from cni.policy.kinds import ByKind, KindHandlers
 from cni.policy.model import (
     Direction,
     Namespace,
@@ -59,6 +58,7 @@ from cni.policy.rules import (
 )
 from cni.policy.selectors import PodGroup, target_group
 from cni.policy.store import ObjectStore
+from cni.policy.vocabulary import AllowRule, EndpointPolicy, PeerCIDR
 
 NOTHING: frozenset[PodKey] = frozenset()
 
@@ -109,7 +109,7 @@ class PodPolicyResolver(ABC):
         return ByKind(self._handlers(), _union, type(self).__name__)
 
     @abstractmethod
-    def _handlers(self) -> dict[type, Handlers[frozenset[PodKey]]]:
+    def _handlers(self) -> dict[type, KindHandlers[frozenset[PodKey]]]:
         """What to do with each kind of object."""
 
     # Updates: each returns the local pods whose policy may have changed.
@@ -236,28 +236,28 @@ class PolicyIndex(PodPolicyResolver):
         self._pod_peers: dict[PodKey, tuple[PeerCIDR, ...]] = {}
         self._compiled: dict[PolicyKey, CompiledPolicy] = {}
 
-    def _handlers(self) -> dict[type, Handlers[frozenset[PodKey]]]:
+    def _handlers(self) -> dict[type, KindHandlers[frozenset[PodKey]]]:
         store = self.store
         return {
-            Pod: Handlers(
+            Pod: KindHandlers(
                 self.upsert_pod,
                 lambda pod: self.delete_pod(pod.key),
                 store.all_pods,
                 lambda pod: pod.key,
             ),
-            NetworkPolicy: Handlers(
+            NetworkPolicy: KindHandlers(
                 self.upsert_policy,
                 lambda policy: self.delete_policy(policy.key),
                 lambda: list(store.policies.values()),
                 lambda policy: policy.key,
             ),
-            Namespace: Handlers(
+            Namespace: KindHandlers(
                 self.upsert_namespace,
                 lambda namespace: self.delete_namespace(namespace.name),
                 lambda: list(store.namespaces.values()),
                 lambda namespace: namespace.name,
             ),
-            Service: Handlers(
+            Service: KindHandlers(
                 self.upsert_service,
                 lambda service: self.delete_service(service.key),
                 lambda: list(store.services.values()),

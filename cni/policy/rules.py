@@ -31,7 +31,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeAlias
 
-from cni.datapath.policy import AllowRule, PeerCIDR, Ports
 from cni.policy.model import (
     DIRECTIONS,
     Direction,
@@ -43,6 +42,7 @@ from cni.policy.model import (
     PolicyRule,
 )
 from cni.policy.selectors import ALL_PODS, AddressBlock, PodGroup, peer_group
+from cni.policy.vocabulary import AllowRule, PeerCIDR, Ports
 
 NamedPorts: TypeAlias = tuple[tuple[str, str], ...]  # (port name, protocol)
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from cni.net import link, masq
 from cni.net.netlink import node_socket
-from cni.plugin import wiring
+from cni.plugin import podnet
 from cni.spec.attachment import parse_alias
 from cni.spec.invoke import Invocation, cni_env, invoke
 
@@ -148,7 +148,7 @@ class Network:
 
     def veths(self) -> list[str]:
         with node_socket() as ipr:
-            return [veth.name for veth in wiring.node_veths(ipr, self.name).values()]
+            return [veth.name for veth in podnet.node_veths(ipr, self.name).values()]
 
     def allocations(self) -> dict[tuple[str, str], str]:
         """(container id, ifname) -> address, read straight from the store."""
@@ -180,7 +180,7 @@ class Network:
 
     def cleanup(self) -> None:
         with node_socket() as ipr:
-            for veth in wiring.node_veths(ipr, self.name).values():
+            for veth in podnet.node_veths(ipr, self.name).values():
                 link.delete_link(ipr, veth.name)
         masq.drop(self.name)
 

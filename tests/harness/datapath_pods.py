@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cni.datapath import policy as P
+from cni.policy.vocabulary import AllowRule, PeerCIDR, Ports
 from tests.harness.cni_run import Network, PodNamespaces, in_netns, node_veth
 
 PROBE = str(Path(__file__).resolve().parent / "netprobe.py")
@@ -100,18 +100,16 @@ class HeldConnection:
         return out.strip()
 
 
-def allow(*rules: P.AllowRule) -> tuple[P.AllowRule, ...]:
+def allow(*rules: AllowRule) -> tuple[AllowRule, ...]:
     return rules
 
 
-def rule(
-    *cidrs: str, ports: tuple[P.Ports, ...] = (), excepts: tuple[str, ...] = ()
-) -> P.AllowRule:
-    return P.AllowRule(peers=tuple(P.PeerCIDR(c, excepts) for c in cidrs), ports=ports)
+def rule(*cidrs: str, ports: tuple[Ports, ...] = (), excepts: tuple[str, ...] = ()) -> AllowRule:
+    return AllowRule(peers=tuple(PeerCIDR(c, excepts) for c in cidrs), ports=ports)
 
 
-def tcp(first: int, last: int = 0) -> P.Ports:
-    return P.Ports("tcp", first, last)
+def tcp(first: int, last: int = 0) -> Ports:
+    return Ports("tcp", first, last)
 
 
 @contextmanager

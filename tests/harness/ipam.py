@@ -8,9 +8,9 @@ from typing import Any
 
 from ipam import config as ipam_config
 from ipam.allocator import Allocator
-from ipam.clock import SimulatedClock
 from ipam.modes import open_allocator
 from ipam.prefix import PrefixAllocator
+from tests.harness.clock import SimulatedClock
 
 
 def make_config(

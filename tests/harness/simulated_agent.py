@@ -21,10 +21,10 @@ from cni.agent.enforcer import Enforcer
 from cni.agent.kube_source import COLLECTIONS, KubernetesSource
 from cni.agent.shard_source import controller_collections
 from cni.agent.state import EndpointRecord
-from cni.datapath.policy import EndpointPolicy
 from cni.kube.api import Api
 from cni.policy.model import PodKey
 from cni.policy.published.index import ShardIndex
+from cni.policy.vocabulary import EndpointPolicy
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ def _recording_install_many(
     registry: object = None,
     failed: object = None,
 ) -> dict[int, int]:
-    """``cni.datapath.policy.install_many`` into a RecordingDatapath."""
+    """``cni.datapath.policy_install.install_many`` into a RecordingDatapath."""
     return {ifindex: datapath.install(ifindex, policy) for ifindex, policy in wanted.items()}
 
 

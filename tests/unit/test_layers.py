@@ -18,6 +18,7 @@ LAYERS: list[list[str]] = [
     ["ipam"],  # address management on its own
     ["cni.spec"],  # the CNI contract: errors, versions, requests, results
     ["cni.net"],  # netlink, namespaces, nftables
+    ["cni.policy.vocabulary"],  # what a resolved policy is: the datapath compiles it
     ["cni.datapath"],  # the eBPF programs' userspace
     ["cni.policy"],  # NetworkPolicy semantics, local and published
     ["cni.plugin", "cni.kube"],  # the verbs and the plugin; the Kubernetes API client

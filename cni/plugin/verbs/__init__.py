@@ -26,7 +26,7 @@ def load_conf(request: Request) -> NetConf:
     return conf
 
 
-def require_standalone(conf: NetConf) -> None:
+def refuse_without_agent(conf: NetConf) -> None:
     """Run in the plugin's own process (no agent answered): ADD and CHECK refuse a pod
     whose policy nobody would enforce; the runtime tries again later."""
     if conf.policy == "enforce":

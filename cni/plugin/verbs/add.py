@@ -19,9 +19,9 @@ from cni.net import link, masq, sysctl
 from cni.net.netlink import Rtnl, node_socket, pod_socket
 from cni.net.netns import open_pod_netns
 from cni.net.route import RouteSpec
-from cni.plugin import ipam_client, wiring
+from cni.plugin import ipam_client, podnet
 from cni.plugin.netconf import NetConf
-from cni.plugin.verbs import load_conf, require_standalone
+from cni.plugin.verbs import load_conf, refuse_without_agent
 from cni.spec.attachment import Attachment
 from cni.spec.errors import (
     ERR_INVALID_CONFIG,
@@ -43,7 +43,7 @@ BeforeUp = Callable[[int, list[str]], None]
 
 def run(request: Request) -> dict[str, Any]:
     conf = load_conf(request)
-    require_standalone(conf)
+    refuse_without_agent(conf)
     stop = StopRequest()
     with Datapath(conf.bpf_dir) as datapath:
         result = add(
@@ -88,19 +88,19 @@ def add(
             )
         remove_leftover_veth(node, conf, attachment, datapath)
         mtu = conf.mtu or (
-            (link.default_route_mtu(node) or wiring.DEFAULT_MTU) - conf.encapsulation_overhead
+            (link.default_route_mtu(node) or podnet.DEFAULT_MTU) - conf.encapsulation_overhead
         )
         ensure_datapath(conf, datapath)
         stop()
-        pair = wiring.VethPair(attachment.node_veth, attachment.alias, attachment.ifname)
+        pair = podnet.VethPair(attachment.node_veth, attachment.alias, attachment.ifname)
         allocated = False
         addresses: list[str] = []
-        attaching: wiring.Attaching | None = None
+        attaching: podnet.Attaching | None = None
         try:
             # The pair first, so that its programs attach (the kernel's grace periods)
             # while the address is allocated and the policy installed; it stays down
             # until all of that is done.
-            node_index, attaching = wiring.create_pair(
+            node_index, attaching = podnet.create_pair(
                 node, pod, netns.fd, pair, mtu, mac, datapath, conf.datapath.attach == "tcx"
             )
             ipam_result, allocated = ipam.add(attachment)
@@ -108,14 +108,14 @@ def add(
             addresses = pod_addresses(ipam_result)
             ips = [a.split("/")[0] for a in addresses]
             cluster = conf.cluster_cidr or ipaddress.IPv4Interface(addresses[0]).network
-            routes = wiring.pod_routes([route_spec(r) for r in ipam_result.routes])
+            routes = podnet.pod_routes([route_spec(r) for r in ipam_result.routes])
             sysctl.ensure("net.ipv4.ip_forward", "1")
             if conf.ip_masq:
                 masq.add(conf.network, cluster, ips)
             hook = None
             if before_up is not None:
                 hook = lambda ifindex: before_up(ifindex, ips)  # noqa: E731
-            node_link, pod_link = wiring.wire(
+            node_link, pod_link = podnet.connect(
                 node, pod, node_index, pair, addresses, routes, datapath, attaching, hook
             )
             stop()
@@ -132,7 +132,7 @@ def add(
             Interface(node_link.name, node_link.mac, mtu),
             Interface(pod_link.name, pod_link.mac, mtu, sandbox=attachment.netns),
         ],
-        ips=[IPConfig(a, wiring.GATEWAY, interface=1) for a in addresses],
+        ips=[IPConfig(a, podnet.GATEWAY, interface=1) for a in addresses],
         routes=[result_route(r) for r in routes],
         dns=conf.dns if not conf.dns.is_empty() else ipam_result.dns,
     )
@@ -182,8 +182,8 @@ def remove_leftover_veth(
             f"{attachment.container_id!r} is taken by {existing.alias!r}",
         )
     log.warning("removing leftover veth %s of %s", existing.name, attachment.alias)
-    ips = wiring.node_routed_ips(node, existing)
-    wiring.unwire(node, existing, datapath, ips)
+    ips = podnet.node_routed_ips(node, existing)
+    podnet.disconnect(node, existing, datapath, ips)
     masq.remove(conf.network, ips)
 
 
@@ -201,8 +201,8 @@ def rollback(
     try:
         veth = link.get_link(node, attachment.node_veth)
         if veth is not None:
-            ips.update(wiring.node_routed_ips(node, veth))
-            wiring.unwire(node, veth, datapath, sorted(ips))
+            ips.update(podnet.node_routed_ips(node, veth))
+            podnet.disconnect(node, veth, datapath, sorted(ips))
     except Exception as err:
         log.error("rollback of %s: failed to remove the veth: %s", attachment.alias, err)
     try:

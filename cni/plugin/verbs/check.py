@@ -14,9 +14,9 @@ from cni.datapath.maps import Datapath
 from cni.net import addr, link, masq, route
 from cni.net.netlink import Rtnl, node_socket, pod_socket
 from cni.net.netns import open_pod_netns
-from cni.plugin import ipam_client, wiring
+from cni.plugin import ipam_client, podnet
 from cni.plugin.netconf import NetConf
-from cni.plugin.verbs import load_conf, require_standalone
+from cni.plugin.verbs import load_conf, refuse_without_agent
 from cni.spec.attachment import Attachment
 from cni.spec.errors import ERR_CHECK_FAILED, ERR_INVALID_CONFIG, CNIError
 from cni.spec.protocol import Request, prev_result
@@ -25,7 +25,7 @@ from cni.spec.result import IPConfig, Result
 
 def run(request: Request) -> None:
     conf = load_conf(request)
-    require_standalone(conf)
+    refuse_without_agent(conf)
     prev = prev_result(request)
     if prev is None:
         raise CNIError(ERR_INVALID_CONFIG, "CHECK needs the ADD result as prevResult")
@@ -85,12 +85,12 @@ def check_pod(
         _require(ip.address in present, f"address {ip.address} is missing on {where}")
     neighbors = addr.permanent_neighbors(pod, found.index)
     _require(
-        neighbors.get(wiring.GATEWAY) == link.NODE_VETH_MAC,
-        f"gateway {wiring.GATEWAY} has no permanent neighbour entry on {where}",
+        neighbors.get(podnet.GATEWAY) == link.NODE_VETH_MAC,
+        f"gateway {podnet.GATEWAY} has no permanent neighbour entry on {where}",
     )
     kernel = {(r.dst, r.gw) for r in route.routes(pod, found.index)}
     for r in prev.routes:
-        if r.gw == wiring.GATEWAY:
+        if r.gw == podnet.GATEWAY:
             _require((r.dst, r.gw) in kernel, f"route {r.dst} via {r.gw} is missing on {where}")
 
 
@@ -103,7 +103,7 @@ def check_node(node: Rtnl, attachment: Attachment, ips: list[str], datapath: Dat
         f'node-side veth "{veth.name}" is labelled {veth.alias!r}, not {attachment.alias!r}',
     )
     _require(veth.up, f'node-side veth "{veth.name}" is down')
-    routed = set(wiring.node_routed_ips(node, veth))
+    routed = set(podnet.node_routed_ips(node, veth))
     for ip in ips:
         _require(ip in routed, f'the node has no route to {ip} via "{veth.name}"')
     if ips:

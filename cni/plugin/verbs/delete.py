@@ -28,7 +28,7 @@ from collections.abc import Callable
 from cni.datapath.maps import Datapath
 from cni.net import conntrack, link, masq
 from cni.net.netlink import Rtnl, node_socket
-from cni.plugin import ipam_client, wiring
+from cni.plugin import ipam_client, podnet
 from cni.plugin.netconf import NetConf
 from cni.plugin.verbs import load_conf
 from cni.spec.attachment import Attachment, parse_alias
@@ -75,8 +75,8 @@ def delete(
             if veth is not None:
                 # A delegated IPAM's addresses are known only from the node's routes,
                 # which the kernel drops once the veth is down.
-                routed = wiring.node_routed_ips(node, veth)
-                delete_veth = wiring.cut_off(node, veth, datapath, routed)
+                routed = podnet.node_routed_ips(node, veth)
+                delete_veth = podnet.cut_off(node, veth, datapath, routed)
         if veth is not None:
             if conf.policy == "enforce":
                 defer(lambda: release(routed), delete_veth)
@@ -122,10 +122,10 @@ def _release(
         with node_socket() as node:
             if routed is None:
                 veth = _own_veth(node, attachment)
-                known = wiring.node_routed_ips(node, veth) if veth is not None else []
+                known = podnet.node_routed_ips(node, veth) if veth is not None else []
                 if not ips:
                     ips.update(known)  # a delegated IPAM
-                wiring.unwire(node, veth, datapath, sorted({*ips, *known}))
+                podnet.disconnect(node, veth, datapath, sorted({*ips, *known}))
             elif not ips:
                 ips.update(routed)
             # prevResult may be stale (a late DEL): skip an address another pod now has.
@@ -156,7 +156,7 @@ def forget_connections(ips: list[str]) -> None:
 
 
 def _routed_elsewhere(node: Rtnl, ip: str) -> bool:
-    return parse_alias(wiring.routed_alias(node, ip)) is not None
+    return parse_alias(podnet.routed_alias(node, ip)) is not None
 
 
 def prev_ips(prev: Result | None, attachment: Attachment) -> list[str]:

@@ -17,7 +17,7 @@ from cni.datapath import bpf, endpoint, reaper
 from cni.datapath.maps import Datapath, DatapathMissing
 from cni.net import masq
 from cni.net.netlink import node_socket
-from cni.plugin import ipam_client, wiring
+from cni.plugin import ipam_client, podnet
 from cni.plugin.netconf import NetConf
 from cni.plugin.verbs import load_conf
 from cni.plugin.verbs.delete import forget_connections
@@ -46,14 +46,14 @@ def gc(
     remaining_ips: list[str] = []
     gone_ips: list[str] = []
     with node_socket() as node:
-        for key, veth in wiring.node_veths(node, conf.network).items():
+        for key, veth in podnet.node_veths(node, conf.network).items():
             if key in valid:
-                remaining_ips += wiring.node_routed_ips(node, veth)
+                remaining_ips += podnet.node_routed_ips(node, veth)
                 continue
             try:
-                ips = wiring.node_routed_ips(node, veth)
+                ips = podnet.node_routed_ips(node, veth)
                 gone_ips += ips
-                wiring.unwire(node, veth, datapath, ips)
+                podnet.disconnect(node, veth, datapath, ips)
                 log.info("gc: removed veth %s of %s/%s", veth.name, *key)
             except CNIError as err:
                 errors.append(err)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from cni.policy.kinds import Handlers
+from cni.policy.kinds import KindHandlers
 from cni.policy.model import Pod, PodKey, PolicyKey, Service
 from cni.policy.published.objects import (
     ADDRESS_SET,
@@ -63,28 +63,28 @@ class ShardIndex(PodPolicyResolver):
         self._listed: dict[PolicyKey, set[PodKey]] = {}  # policy -> local pods listing it
         self._compiled: dict[PolicyKey, CompiledPolicy] = {}
 
-    def _handlers(self) -> dict[type, Handlers[frozenset[PodKey]]]:
+    def _handlers(self) -> dict[type, KindHandlers[frozenset[PodKey]]]:
         store = self.store
 
-        def shards(sets: ShardSets[Any]) -> Handlers[frozenset[PodKey]]:
+        def shards(sets: ShardSets[Any]) -> KindHandlers[frozenset[PodKey]]:
             def put(shard: Published) -> frozenset[PodKey]:
                 return self._settled({shard.info.set_key}) if sets.put(shard) else NOTHING
 
             def remove(shard: Published) -> frozenset[PodKey]:
                 return self._settled({shard.info.set_key}) if sets.remove(shard) else NOTHING
 
-            return Handlers(
+            return KindHandlers(
                 put, remove, replace=lambda objects: self._settled(sets.replace_all(objects))
             )
 
         return {
-            Pod: Handlers(
+            Pod: KindHandlers(
                 self.upsert_pod,
                 lambda pod: self.delete_pod(pod.key),
                 store.all_pods,
                 lambda pod: pod.key,
             ),
-            Service: Handlers(
+            Service: KindHandlers(
                 self._put_service,
                 self._remove_service,
                 replace=self._replace_services,

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from itertools import chain
 from typing import cast
 
-from cni.datapath.policy import AllowRule, PeerCIDR
 from cni.policy.model import DIRECTIONS, ContainerPort, NetworkPolicy, Pod, PodKey
 from cni.policy.rules import NamedPorts, host_peer, named_allows, needs_all_pods, pod_peers
 from cni.policy.selectors import ALL_PODS, PodGroup, peer_group
+from cni.policy.vocabulary import AllowRule, PeerCIDR
 
 NamedPortSet = frozenset[tuple[str, str]]  # (port name, protocol)
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from cni.plugin import wire
+from cni.plugin import frames
 from cni.plugin.client import forward
 from tests.harness.agent import (
     AgentNetwork,
@@ -61,8 +61,8 @@ def raw_request(path: str, payload: bytes) -> dict[str, Any] | None:
         sock.sendall(payload)
         sock.shutdown(socket.SHUT_WR)
         try:
-            return wire.receive(sock, wire.MAX_ANSWER)
-        except (wire.WireError, OSError):
+            return frames.receive(sock, frames.MAX_ANSWER)
+        except (frames.FrameError, OSError):
             return None
 
 
@@ -296,7 +296,7 @@ def test_the_socket_is_root_only_and_checks_peer_credentials(bin_dir: Path) -> N
     [
         (frame(b"not json"), "not JSON"),
         (frame(b"[1, 2]"), "not a JSON object"),
-        (struct.pack(">I", wire.MAX_REQUEST + 1) + b"x" * 64, "over the limit"),
+        (struct.pack(">I", frames.MAX_REQUEST + 1) + b"x" * 64, "over the limit"),
         (frame(b'{"v": 2, "op": "status"}'), "protocol version"),
         (frame(b'{"v": 1, "op": "reboot"}'), "unknown op"),
         (frame(b'{"v": 1, "op": "cni", "env": {}, "stdin": ""}'), "unknown op"),
@@ -598,7 +598,7 @@ def test_a_manifest_over_the_request_limit_is_refused_before_it_is_sent(
     before = net.agent.log()
     proc = sluicectl("apply", "-f", manifest, "--conf", net.conflist)
     assert proc.returncode == 1, proc
-    assert f"over the agent's limit of {wire.MAX_REQUEST} bytes" in proc.stderr, proc.stderr
+    assert f"over the agent's limit of {frames.MAX_REQUEST} bytes" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and "Broken pipe" not in proc.stderr
     assert "over the limit" not in net.agent.log()[len(before) :], "nothing reached the agent"
     assert net.ask({"op": "status"})["ready"]

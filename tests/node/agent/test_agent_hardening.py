@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from cni.agent.server import REQUEST_DEADLINE
-from cni.plugin import wire
+from cni.plugin import frames
 from cni.plugin.client import AgentUnavailable
 from tests.harness.agent import (
     AgentNetwork,
@@ -118,7 +118,7 @@ class Tricklers:
         for _ in range(count):
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.connect(path)
-            sock.sendall(struct.pack(">I", wire.MAX_REQUEST))
+            sock.sendall(struct.pack(">I", frames.MAX_REQUEST))
             self.socks.append(sock)
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._trickle, args=(interval,), daemon=True)
@@ -160,7 +160,7 @@ def test_a_del_completes_within_10_s_beside_64_trickling_connections(
         time.sleep(max(0.0, trickling + REQUEST_DEADLINE + 3 - time.monotonic()))
         for sock in tricklers.socks:
             sock.settimeout(10)
-            answer = wire.receive(sock, wire.MAX_ANSWER)
+            answer = frames.receive(sock, frames.MAX_ANSWER)
             assert "deadline of 10 s passed" in answer["error"], answer
     finally:
         tricklers.close()

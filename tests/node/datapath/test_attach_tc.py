@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 
 from cni.datapath import loader
-from cni.datapath import policy as P
+from cni.datapath import policy_install as P
 from cni.datapath.endpoint import HOOKS, attached_programs, link_path, pinned_programs
 from cni.datapath.maps import Datapath
 from cni.net.netlink import node_socket
+from cni.policy.vocabulary import EndpointPolicy
 from tests.harness.cni_run import (
     SLUICECTL,
     TEST_BPF_DIR,
@@ -79,9 +80,7 @@ def test_filters_judge_like_links_and_a_reload_swaps_them(pair: list[Pod], dp: D
     pinned = pinned_programs(dp)
     assert attached(b.ifindex) == {p: pinned[p] for p in HOOKS}
     assert filter_programs(b.veth) == attached(b.ifindex)  # as tc itself sees them
-    P.install(
-        dp, b.ifindex, P.EndpointPolicy(ingress=allow(rule(f"{a.ip}/32", ports=(tcp(8080),))))
-    )
+    P.install(dp, b.ifindex, EndpointPolicy(ingress=allow(rule(f"{a.ip}/32", ports=(tcp(8080),)))))
     with Server(b, tcp=(8080, 8081)):
         assert a.connects(b, 8080) and not a.connects(b, 8081)
         held = HeldConnection(a, b, 8080)

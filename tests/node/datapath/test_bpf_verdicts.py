@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import pytest
 
 from cni.datapath import bpf, loader
-from cni.datapath import policy as P
+from cni.datapath import policy_install as P
 from cni.datapath.maps import Datapath
 from cni.datapath.structs import (
     CT_POST_DNAT,
@@ -29,6 +29,7 @@ from cni.datapath.structs import (
     Endpoint,
     ip_be,
 )
+from cni.policy.vocabulary import AllowRule, EndpointPolicy, PeerCIDR, Ports
 from tests.harness import packets as pk
 from tests.harness.cni_run import SESSION_TAG, TEST_BPF_DIR
 
@@ -62,7 +63,7 @@ class Bench:
         return self.dp.counters()[direction][reason]
 
     def policy(self, ifindex: int, **directions: object) -> None:
-        P.install(self.dp, ifindex, P.EndpointPolicy(**directions))  # type: ignore[arg-type]
+        P.install(self.dp, ifindex, EndpointPolicy(**directions))  # type: ignore[arg-type]
 
 
 def veth_pair(name: str) -> tuple[int, int]:
@@ -104,8 +105,8 @@ def bench() -> Iterator[Bench]:
             subprocess.run(["ip", "link", "del", name], check=False)
 
 
-def rule(cidr: str, *ports: P.Ports) -> P.AllowRule:
-    return P.AllowRule(peers=(P.PeerCIDR(cidr),), ports=ports)
+def rule(cidr: str, *ports: Ports) -> AllowRule:
+    return AllowRule(peers=(PeerCIDR(cidr),), ports=ports)
 
 
 def a_to_peer(proto_payload: bytes, proto: int, src: str = A_IP, dst: str = PEER) -> bytes:
@@ -155,7 +156,7 @@ def test_malformed_and_truncated_headers(bench: Bench) -> None:
 
 
 def test_ip_options_do_not_hide_the_ports(bench: Bench) -> None:
-    bench.policy(bench.a, egress=(rule(f"{PEER}/32", P.Ports("udp", 53)),))
+    bench.policy(bench.a, egress=(rule(f"{PEER}/32", Ports("udp", 53)),))
     options = b"\x94\x04\x00\x00"
     for port, verdict in ((53, PASS), (54, DROP)):
         frame = pk.eth(pk.ipv4(A_IP, PEER, 17, pk.udp(4000 + port, port), options=options))
@@ -166,7 +167,7 @@ def test_ip_options_do_not_hide_the_ports(bench: Bench) -> None:
 
 
 def test_fragments_follow_their_first_fragment_age_and_are_rechecked(bench: Bench) -> None:
-    bench.policy(bench.a, egress=(rule(f"{PEER}/32", P.Ports("udp", 53)),))
+    bench.policy(bench.a, egress=(rule(f"{PEER}/32", Ports("udp", 53)),))
     first = pk.eth(pk.ipv4(A_IP, PEER, 17, pk.udp(4000, 53, b"x" * 32), ident=7, frag=0x2000))
     later = pk.eth(pk.ipv4(A_IP, PEER, 17, b"y" * 32, ident=7, frag=5))
     stray = pk.eth(pk.ipv4(A_IP, PEER, 17, pk.udp(4000, 53), ident=8, frag=5))
@@ -174,10 +175,10 @@ def test_fragments_follow_their_first_fragment_age_and_are_rechecked(bench: Benc
     assert bench.out_of(bench.a, later) == PASS
     assert bench.out_of(bench.a, stray) == DROP, "a later fragment never passes on its own"
     # A new policy that denies the flow: the next fragment is judged again.
-    bench.policy(bench.a, egress=(rule(f"{PEER}/32", P.Ports("udp", 54)),))
+    bench.policy(bench.a, egress=(rule(f"{PEER}/32", Ports("udp", 54)),))
     assert bench.out_of(bench.a, later) == DROP
     # Fragment entries age.
-    bench.policy(bench.a, egress=(rule(f"{PEER}/32", P.Ports("udp", 53)),))
+    bench.policy(bench.a, egress=(rule(f"{PEER}/32", Ports("udp", 53)),))
     assert bench.out_of(bench.a, first) == PASS
     age_entries(bench.dp, bench.a)
     assert bench.out_of(bench.a, later) == DROP
@@ -201,7 +202,7 @@ def age_entries(dp: Datapath, ifindex: int) -> None:
 
 def open_tcp_flow(bench: Bench, port: int = 443) -> bytes:
     """a opens a TCP flow to PEER (a's egress allows it); return a's SYN as IPv4."""
-    bench.policy(bench.a, egress=(rule(f"{PEER}/32", P.Ports("tcp", port)),), ingress=())
+    bench.policy(bench.a, egress=(rule(f"{PEER}/32", Ports("tcp", port)),), ingress=())
     syn = pk.ipv4(A_IP, PEER, 6, pk.tcp(40000, port, pk.TCP_SYN))
     assert bench.out_of(bench.a, pk.eth(syn)) == PASS
     return syn
@@ -238,12 +239,12 @@ def test_icmp_errors_follow_the_policy_generation(bench: Bench) -> None:
     syn = open_tcp_flow(bench)
     error = pk.eth(pk.ipv4(PEER, A_IP, 1, pk.icmp_error(syn)))
     assert bench.into(bench.a, error) == PASS
-    bench.policy(bench.a, egress=(rule(f"{PEER}/32", P.Ports("tcp", 80)),), ingress=())
+    bench.policy(bench.a, egress=(rule(f"{PEER}/32", Ports("tcp", 80)),), ingress=())
     assert bench.into(bench.a, error) == DROP, "the flow is cut, its errors with it"
 
 
 def test_an_error_the_pod_sends_names_a_flow_to_it(bench: Bench) -> None:
-    bench.policy(bench.a, ingress=(rule(f"{PEER}/32", P.Ports("udp", 53)),), egress=())
+    bench.policy(bench.a, ingress=(rule(f"{PEER}/32", Ports("udp", 53)),), egress=())
     query = pk.ipv4(PEER, A_IP, 17, pk.udp(5000, 53))
     assert bench.into(bench.a, pk.eth(query)) == PASS
     unreachable = pk.eth(pk.ipv4(A_IP, PEER, 1, pk.icmp_error(query)))
@@ -283,7 +284,7 @@ def test_a_syn_on_a_closed_flow_starts_a_fresh_entry(bench: Bench) -> None:
     ((_, entry),) = bench.dp.flows(bench.a)
     assert entry.flags & 0x8, "closed by RST"
     # The same 5-tuple again: a fresh entry, judged by the (now narrower) policy.
-    bench.policy(bench.a, egress=(rule(f"{PEER}/32", P.Ports("tcp", 80)),), ingress=())
+    bench.policy(bench.a, egress=(rule(f"{PEER}/32", Ports("tcp", 80)),), ingress=())
     assert bench.out_of(bench.a, pk.eth(syn)) == DROP
     assert bench.dp.flows(bench.a) == []
 
@@ -302,14 +303,14 @@ def test_a_new_generation_cuts_a_flow_it_denies(bench: Bench) -> None:
     data = pk.eth(pk.ipv4(A_IP, PEER, 6, pk.tcp(40000, 443, pk.TCP_ACK, b"data")))
     assert bench.out_of(bench.a, data) == PASS
     before = bench.counted("egress", "drop-flow-cut")
-    bench.policy(bench.a, egress=(rule(f"{PEER}/32", P.Ports("tcp", 80)),), ingress=())
+    bench.policy(bench.a, egress=(rule(f"{PEER}/32", Ports("tcp", 80)),), ingress=())
     assert bench.out_of(bench.a, data) == DROP
     assert bench.counted("egress", "drop-flow-cut") - before == 1
     assert syn
 
 
 def test_port_zero_to_n_is_a_range_not_any_port(bench: Bench) -> None:
-    bench.policy(bench.a, egress=(rule(f"{PEER}/32", P.Ports("udp", 0, 100)),))
+    bench.policy(bench.a, egress=(rule(f"{PEER}/32", Ports("udp", 0, 100)),))
     for port, verdict in ((53, PASS), (100, PASS), (101, DROP), (8080, DROP)):
         frame = pk.eth(pk.ipv4(A_IP, PEER, 17, pk.udp(5000 + port, port)))
         assert bench.out_of(bench.a, frame) == verdict, port
@@ -317,7 +318,7 @@ def test_port_zero_to_n_is_a_range_not_any_port(bench: Bench) -> None:
 
 def test_one_pod_cannot_evict_another_pods_flows(bench: Bench) -> None:
     """Tables of 64 entries each: a opens 500 flows; b's flow survives."""
-    bench.policy(bench.b, egress=(rule(f"{PEER}/32", P.Ports("udp", 53)),))
+    bench.policy(bench.b, egress=(rule(f"{PEER}/32", Ports("udp", 53)),))
     b_flow = pk.eth(pk.ipv4(B_IP, PEER, 17, pk.udp(6000, 53)))
     assert bench.out_of(bench.b, b_flow) == PASS
     for sport in range(1000, 1500):
@@ -327,7 +328,7 @@ def test_one_pod_cannot_evict_another_pods_flows(bench: Bench) -> None:
     assert fill is not None and fill.capacity == 2 * 64 and fill.created == 500
     assert fill.entries <= 64 and fill.evicted == 500 - fill.entries
     reply = pk.eth(pk.ipv4(PEER, B_IP, 17, pk.udp(53, 6000)))
-    bench.policy(bench.b, egress=(rule(f"{PEER}/32", P.Ports("udp", 53)),), ingress=())
+    bench.policy(bench.b, egress=(rule(f"{PEER}/32", Ports("udp", 53)),), ingress=())
     assert bench.into(bench.b, reply) == PASS, "b's reply still finds its entry"
 
 
@@ -337,8 +338,8 @@ def test_inbound_flows_never_evict_the_flows_a_pod_opened(bench: Bench) -> None:
     the one PEER opened to it."""
     bench.policy(
         bench.b,
-        egress=(rule(f"{PEER}/32", P.Ports("udp", 53)), rule(f"{C_IP}/32")),
-        ingress=(rule(f"{PEER}/32", P.Ports("udp", 9000)),),
+        egress=(rule(f"{PEER}/32", Ports("udp", 53)), rule(f"{C_IP}/32")),
+        ingress=(rule(f"{PEER}/32", Ports("udp", 9000)),),
     )
     query = pk.eth(pk.ipv4(B_IP, PEER, 17, pk.udp(6000, 53)))
     assert bench.out_of(bench.b, query) == PASS
@@ -370,7 +371,7 @@ def test_no_endpoint_or_no_table_fails_closed(bench: Bench) -> None:
 def service_setup(bench: Bench) -> None:
     """a may reach only b:8080; CLUSTER_IP is a Service."""
     bench.dp.set_service_ips([CLUSTER_IP])
-    bench.policy(bench.a, egress=(rule(f"{B_IP}/32", P.Ports("tcp", 8080)),))
+    bench.policy(bench.a, egress=(rule(f"{B_IP}/32", Ports("tcp", 8080)),))
 
 
 def test_a_flow_to_a_cluster_ip_is_judged_on_its_backend(bench: Bench) -> None:
@@ -390,12 +391,12 @@ def test_a_flow_to_a_cluster_ip_is_judged_on_its_backend(bench: Bench) -> None:
     assert len(post) == 1
     # The reply, reverse-NATed by netfilter, matches the deferred entry.
     reply = pk.eth(pk.ipv4(CLUSTER_IP, A_IP, 6, pk.tcp(80, 40000, pk.TCP_SYN | pk.TCP_ACK)))
-    bench.policy(bench.a, egress=(rule(f"{B_IP}/32", P.Ports("tcp", 8080)),), ingress=())
+    bench.policy(bench.a, egress=(rule(f"{B_IP}/32", Ports("tcp", 8080)),), ingress=())
     assert bench.into(bench.a, reply) == PASS
     # A tightened policy cuts the service flow on its next packet after DNAT.
     data = pk.eth(pk.ipv4(A_IP, B_IP, 6, pk.tcp(40000, 8080, pk.TCP_ACK, b"more")))
     assert bench.into(bench.b, data) == PASS
-    bench.policy(bench.a, egress=(rule(f"{B_IP}/32", P.Ports("tcp", 9090)),), ingress=())
+    bench.policy(bench.a, egress=(rule(f"{B_IP}/32", Ports("tcp", 9090)),), ingress=())
     assert bench.into(bench.b, data) == DROP
 
 
@@ -428,7 +429,7 @@ def test_hairpin_a_pod_reaching_itself_through_its_service(bench: Bench) -> None
     """kube-proxy masquerades hairpin traffic to a node address; it comes back on the
     pod's own veth."""
     service_setup(bench)
-    bench.policy(bench.a, egress=(rule(f"{B_IP}/32", P.Ports("tcp", 8080)),), ingress=())
+    bench.policy(bench.a, egress=(rule(f"{B_IP}/32", Ports("tcp", 8080)),), ingress=())
     assert bench.out_of(bench.a, pk.eth(pk.ipv4(A_IP, CLUSTER_IP, 6, pk.tcp(40003, 80)))) == PASS
     back = pk.eth(pk.ipv4(NODE, A_IP, 6, pk.tcp(61000, 8080)))
     assert bench.into(bench.a, back, ingress_ifindex=bench.a) == PASS
@@ -441,7 +442,7 @@ def test_the_uplink_judges_service_flows_to_remote_backends(bench: Bench) -> Non
     assert bench.out_of(bench.a, pk.eth(pk.ipv4(A_IP, CLUSTER_IP, 6, pk.tcp(40004, 80)))) == PASS
     remote = pk.eth(pk.ipv4(A_IP, REMOTE, 6, pk.tcp(40004, 8080)))
     assert bench.run("uplink", remote, bench.c) == DROP
-    bench.policy(bench.a, egress=(rule(f"{REMOTE}/32", P.Ports("tcp", 8080)),))
+    bench.policy(bench.a, egress=(rule(f"{REMOTE}/32", Ports("tcp", 8080)),))
     assert bench.run("uplink", remote, bench.c) == PASS
     # The node's own traffic and replies of inbound flows pass.
     assert bench.run("uplink", pk.eth(pk.ipv4(NODE, REMOTE, 6, pk.tcp(1, 2))), bench.c) == PASS

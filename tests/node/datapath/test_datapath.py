@@ -2,7 +2,7 @@
 
 Pods are wired by the real plugin ("policy": "off": programs attached, no
 endpoint isolated); rules are written through the Python datapath API
-(cni.datapath.policy), as the node agent will. Counters are node-wide, so
+(cni.datapath.policy_install), as the node agent will. Counters are node-wide, so
 tests compare them before and after.
 """
 
@@ -20,10 +20,11 @@ from pathlib import Path
 import pytest
 
 from cni.datapath import bpf, loader, settings
-from cni.datapath import policy as P
+from cni.datapath import policy_install as P
 from cni.datapath.endpoint import HOOKS, link_path, pinned_programs
 from cni.datapath.events import follow
 from cni.datapath.maps import Datapath, DatapathMismatch
+from cni.policy.vocabulary import EndpointPolicy, Ports
 from cni.spec.errors import CNIError
 from tests.harness.cni_run import (
     SLUICECTL,
@@ -82,9 +83,7 @@ def test_unisolated_pods_pass_and_are_counted(trio: list[Pod], dp: Datapath) -> 
 
 def test_allow_by_peer_cidr_protocol_and_port(trio: list[Pod], dp: Datapath) -> None:
     a, b, c = trio
-    P.install(
-        dp, b.ifindex, P.EndpointPolicy(ingress=allow(rule(f"{a.ip}/32", ports=(tcp(8080),))))
-    )
+    P.install(dp, b.ifindex, EndpointPolicy(ingress=allow(rule(f"{a.ip}/32", ports=(tcp(8080),)))))
     with Server(b, tcp=(8080, 8081)):
         assert a.connects(b, 8080)
         assert not a.connects(b, 8081), "a port no rule names"
@@ -98,7 +97,7 @@ def test_port_ranges_and_any_protocol(trio: list[Pod], dp: Datapath) -> None:
     P.install(
         dp,
         b.ifindex,
-        P.EndpointPolicy(
+        EndpointPolicy(
             ingress=allow(
                 rule(f"{a.ip}/32", ports=(tcp(9000, 9010),)),
                 rule(f"{c.ip}/32"),  # no ports: everything
@@ -117,7 +116,7 @@ def test_udp_and_the_whole_port_range(trio: list[Pod], dp: Datapath) -> None:
     P.install(
         dp,
         b.ifindex,
-        P.EndpointPolicy(ingress=allow(rule(f"{a.ip}/32", ports=(P.Ports("udp", 1, 65535),)))),
+        EndpointPolicy(ingress=allow(rule(f"{a.ip}/32", ports=(Ports("udp", 1, 65535),)))),
     )
     with Server(b, tcp=(5300,), udp=(5300,)):
         assert a.probe("udp-ask", b.ip, 5300) == 0
@@ -129,7 +128,7 @@ def test_ip_block_except(trio: list[Pod], dp: Datapath, network: Network) -> Non
     P.install(
         dp,
         b.ifindex,
-        P.EndpointPolicy(
+        EndpointPolicy(
             ingress=allow(rule(network.subnet, ports=(tcp(8080),), excepts=(f"{a.ip}/32",)))
         ),
     )
@@ -144,7 +143,7 @@ def test_egress_isolation_and_replies(trio: list[Pod], dp: Datapath) -> None:
     P.install(
         dp,
         b.ifindex,
-        P.EndpointPolicy(
+        EndpointPolicy(
             ingress=allow(rule(f"{a.ip}/32", ports=(tcp(8080),))),
             egress=allow(),  # isolated, nothing allowed
         ),
@@ -157,9 +156,9 @@ def test_egress_isolation_and_replies(trio: list[Pod], dp: Datapath) -> None:
 
 def test_node_reaches_isolated_pods_unless_denied(trio: list[Pod], dp: Datapath) -> None:
     _, b, _ = trio
-    P.install(dp, b.ifindex, P.EndpointPolicy(ingress=allow()))
+    P.install(dp, b.ifindex, EndpointPolicy(ingress=allow()))
     assert ping(None, b.ip), "kubelet probes come from the node"
-    P.install(dp, b.ifindex, P.EndpointPolicy(ingress=allow(), deny_node=True))
+    P.install(dp, b.ifindex, EndpointPolicy(ingress=allow(), deny_node=True))
     assert not ping(None, b.ip)
 
 
@@ -196,7 +195,7 @@ def test_ip_options_do_not_hide_the_ports(trio: list[Pod], dp: Datapath) -> None
     P.install(
         dp,
         b.ifindex,
-        P.EndpointPolicy(ingress=allow(rule(f"{a.ip}/32", ports=(P.Ports("udp", 5500),)))),
+        EndpointPolicy(ingress=allow(rule(f"{a.ip}/32", ports=(Ports("udp", 5500),)))),
     )
     before = dp.counters()
     with Server(b, udp=(5500, 5501)) as server:
@@ -213,7 +212,7 @@ def test_fragments_follow_their_first_fragment(trio: list[Pod], dp: Datapath) ->
     P.install(
         dp,
         a.ifindex,
-        P.EndpointPolicy(egress=allow(rule(f"{b.ip}/32", ports=(P.Ports("udp", 5600),)))),
+        EndpointPolicy(egress=allow(rule(f"{b.ip}/32", ports=(Ports("udp", 5600),)))),
     )
     before = dp.counters()
     with Server(b, udp=(5600, 5601)) as server:
@@ -233,9 +232,9 @@ def test_icmp_errors_about_allowed_flows_pass(trio: list[Pod], dp: Datapath) -> 
     P.install(
         dp,
         a.ifindex,
-        P.EndpointPolicy(
+        EndpointPolicy(
             ingress=allow(),
-            egress=allow(rule(f"{b.ip}/32", ports=(P.Ports("udp", 5700),))),
+            egress=allow(rule(f"{b.ip}/32", ports=(Ports("udp", 5700),))),
         ),
     )
     # Nothing listens on b:5700, so b answers with ICMP port unreachable.
@@ -244,7 +243,7 @@ def test_icmp_errors_about_allowed_flows_pass(trio: list[Pod], dp: Datapath) -> 
 
 def test_unparseable_traffic_from_an_isolated_pod_is_dropped(trio: list[Pod], dp: Datapath) -> None:
     a, _, _ = trio
-    P.install(dp, a.ifindex, P.EndpointPolicy(egress=allow(rule("0.0.0.0/0"))))
+    P.install(dp, a.ifindex, EndpointPolicy(egress=allow(rule("0.0.0.0/0"))))
     before = dp.counters()
     in_netns(a.netns, "ping", "-6", "-c", "2", "-W", "1", "-i", "0.2", "ff02::1%eth0")
     assert delta(before, dp.counters())["egress"]["drop-unsupported"] >= 2
@@ -272,8 +271,8 @@ def test_conntrack_entries_expire(trio: list[Pod], dp: Datapath) -> None:
         P.install(
             dp,
             b.ifindex,
-            P.EndpointPolicy(
-                ingress=allow(rule(f"{a.ip}/32", ports=(P.Ports("udp", 5800),))), egress=allow()
+            EndpointPolicy(
+                ingress=allow(rule(f"{a.ip}/32", ports=(Ports("udp", 5800),))), egress=allow()
             ),
         )
         server = subprocess.Popen(
@@ -297,7 +296,7 @@ def test_conntrack_entries_expire(trio: list[Pod], dp: Datapath) -> None:
 
 def test_deny_events_are_streamed_and_rate_limited(trio: list[Pod], dp: Datapath) -> None:
     a, b, _ = trio
-    P.install(dp, b.ifindex, P.EndpointPolicy(ingress=allow()))
+    P.install(dp, b.ifindex, EndpointPolicy(ingress=allow()))
     for _ in follow(dp.path("events"), timeout=0.1):
         pass  # drain what earlier tests left
     dp.set_config(events_per_second=5, events_burst=5)
@@ -327,15 +326,15 @@ def test_policy_swap_is_atomic_under_continuous_traffic(trio: list[Pod], dp: Dat
     """Two policies both allow 7000 and both deny 7003; while they replace each other many
     times, every packet to 7000 passes and none to 7003 does (new flow each packet)."""
     a, b, _ = trio
-    first = P.EndpointPolicy(
+    first = EndpointPolicy(
         ingress=allow(
-            rule(f"{a.ip}/32", ports=(P.Ports("udp", 7000), P.Ports("udp", 7001))),
-            rule("10.0.0.0/8", ports=(P.Ports("udp", 7100, 7200),)),
+            rule(f"{a.ip}/32", ports=(Ports("udp", 7000), Ports("udp", 7001))),
+            rule("10.0.0.0/8", ports=(Ports("udp", 7100, 7200),)),
         )
     )
-    second = P.EndpointPolicy(
+    second = EndpointPolicy(
         ingress=allow(
-            rule(f"{a.ip}/32", ports=(P.Ports("udp", 7000), P.Ports("udp", 7002))),
+            rule(f"{a.ip}/32", ports=(Ports("udp", 7000), Ports("udp", 7002))),
             rule("172.16.0.0/12", ports=(tcp(1, 65535),)),
         )
     )
@@ -373,14 +372,12 @@ def test_policy_swap_is_atomic_under_continuous_traffic(trio: list[Pod], dp: Dat
 
 def test_a_new_policy_cuts_flows_it_denies(trio: list[Pod], dp: Datapath) -> None:
     a, b, _ = trio
-    P.install(
-        dp, b.ifindex, P.EndpointPolicy(ingress=allow(rule(f"{a.ip}/32", ports=(tcp(8080),))))
-    )
+    P.install(dp, b.ifindex, EndpointPolicy(ingress=allow(rule(f"{a.ip}/32", ports=(tcp(8080),)))))
     with Server(b, tcp=(8080,)):
         connection = HeldConnection(a, b, 8080)
         before = dp.counters()
         P.install(
-            dp, b.ifindex, P.EndpointPolicy(ingress=allow(rule(f"{a.ip}/32", ports=(tcp(9999),))))
+            dp, b.ifindex, EndpointPolicy(ingress=allow(rule(f"{a.ip}/32", ports=(tcp(9999),))))
         )
         assert connection.finish() == "cut"
     assert delta(before, dp.counters())["ingress"]["drop-flow-cut"] >= 1
@@ -394,7 +391,7 @@ def test_del_leaves_no_stale_entries(network: Network, pods: PodNamespaces, dp: 
     result = network.add(netns, "x")
     network.add(peer_ns, "y")
     _, ifindex = node_veth(result)
-    P.install(dp, ifindex, P.EndpointPolicy(ingress=allow(rule("0.0.0.0/0"))))
+    P.install(dp, ifindex, EndpointPolicy(ingress=allow(rule("0.0.0.0/0"))))
     assert ping(peer_ns, result["ips"][0]["address"].split("/")[0])
 
     def entries() -> dict[str, bool]:
@@ -417,9 +414,7 @@ def test_del_leaves_no_stale_entries(network: Network, pods: PodNamespaces, dp: 
 
 def test_reload_keeps_maps_and_established_flows(trio: list[Pod], dp: Datapath) -> None:
     a, b, _ = trio
-    P.install(
-        dp, b.ifindex, P.EndpointPolicy(ingress=allow(rule(f"{a.ip}/32", ports=(tcp(8080),))))
-    )
+    P.install(dp, b.ifindex, EndpointPolicy(ingress=allow(rule(f"{a.ip}/32", ports=(tcp(8080),)))))
     old = pinned_programs(dp)
     with Server(b, tcp=(8080,)):
         connection = HeldConnection(a, b, 8080)
@@ -491,7 +486,7 @@ def test_gc_sweeps_endpoints_whose_veth_is_gone(
 
 def test_sluicectl_datapath_views(trio: list[Pod], dp: Datapath) -> None:
     a, b, _ = trio
-    P.install(dp, b.ifindex, P.EndpointPolicy(ingress=allow()))
+    P.install(dp, b.ifindex, EndpointPolicy(ingress=allow()))
     assert not ping(a.netns, b.ip)
     shown = json.loads(
         sluicectl("datapath", "show", "--bpf-dir", TEST_BPF_DIR, "-o", "json").stdout

@@ -12,10 +12,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cni.datapath import bpf, ctpool, endpoint
-from cni.datapath import policy as P
+from cni.datapath import policy_install as P
 from cni.datapath.maps import Datapath, ct_key
-from cni.datapath.policy import PolicyError
 from cni.datapath.structs import CT_SHARES
+from cni.policy.vocabulary import AllowRule, EndpointPolicy, PolicyError, Ports
 from tests.harness.cni_run import TEST_BPF_DIR, Network, PodNamespaces, node_veth
 
 SECONDS = float(os.environ.get("SLUICE_CHURN_SECONDS", "60"))
@@ -98,8 +98,8 @@ def test_add_del_gc_and_installs_race_for_a_minute(network: Network, pods: PodNa
                     continue
                 ifindex = rng.choice(targets)
                 port = rng.randint(1, 65535)
-                policy = P.EndpointPolicy(
-                    ingress=(P.AllowRule(ports=(P.Ports("tcp", port),)),),
+                policy = EndpointPolicy(
+                    ingress=(AllowRule(ports=(Ports("tcp", port),)),),
                     egress=None if rng.random() < 0.5 else (),
                 )
                 try:

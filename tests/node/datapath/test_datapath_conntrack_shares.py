@@ -19,9 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from cni.datapath import policy as P
+from cni.datapath import policy_install as P
 from cni.datapath.maps import Datapath
 from cni.datapath.structs import ip_be
+from cni.policy.vocabulary import EndpointPolicy
 from tests.harness.cni_run import TEST_BPF_DIR, Network, PodNamespaces, in_netns
 from tests.harness.datapath_pods import PYTHON, Pod, allow, rule, wired_pods
 
@@ -122,7 +123,7 @@ def test_an_inbound_flood_keeps_the_answers_to_the_pods_questions(
 ) -> None:
     a, b, c = trio
     # a takes only b's traffic (and answers to what it asked); its egress is open.
-    P.install(dp, a.ifindex, P.EndpointPolicy(ingress=allow(rule(f"{b.ip}/32"))))
+    P.install(dp, a.ifindex, EndpointPolicy(ingress=allow(rule(f"{b.ip}/32"))))
     dp.create_ct_table(a.ifindex, TABLE)
     answered = answered_after_a_flood(a, c, b, a)
     fill = dp.table_fill(a.ifindex)
@@ -140,7 +141,7 @@ def test_an_outbound_flood_keeps_the_flows_opened_toward_the_pod(
     flows, never one a peer opened to it (whose answers a's egress would refuse)."""
     a, b, c = trio
     # a may send only to b (and answer what it was asked); c may ask a.
-    P.install(dp, a.ifindex, P.EndpointPolicy(egress=allow(rule(f"{b.ip}/32"))))
+    P.install(dp, a.ifindex, EndpointPolicy(egress=allow(rule(f"{b.ip}/32"))))
     dp.create_ct_table(a.ifindex, TABLE)
     answered = answered_after_a_flood(c, a, a, b)
     fill = dp.table_fill(a.ifindex)

@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from cni.datapath import policy as P
+from cni.datapath import policy_install as P
 from cni.datapath.events import follow
 from cni.datapath.maps import Datapath
+from cni.policy.vocabulary import EndpointPolicy
 from tests.harness import packets as pk
 from tests.harness.cni_run import TEST_BPF_DIR, Network, PodNamespaces, node_veth, sluicectl
 from tests.harness.datapath_pods import Pod, allow
@@ -74,7 +75,7 @@ def test_monitor_names_the_pods_and_a_frame_by_its_ethertype(
     named: list[Pod], conf: str, dp: Datapath
 ) -> None:
     client, server = named
-    P.install(dp, server.ifindex, P.EndpointPolicy(ingress=allow()))
+    P.install(dp, server.ifindex, EndpointPolicy(ingress=allow()))
 
     provoke(dp, client, server, 6300)
     lines = monitor(conf).splitlines()
@@ -107,7 +108,7 @@ def test_without_names_the_endpoint_is_its_ifindex(
 ) -> None:
     """--bpf-dir alone (no config names the stateDir): the addresses and the ifindex."""
     client, server = named
-    P.install(dp, server.ifindex, P.EndpointPolicy(ingress=allow()))
+    P.install(dp, server.ifindex, EndpointPolicy(ingress=allow()))
     provoke(dp, client, server, 6302)
     run = sluicectl("datapath", "monitor", "--bpf-dir", TEST_BPF_DIR, "--backlog", "--timeout", "1")
     lines = run.stdout.splitlines()

@@ -15,7 +15,7 @@ from cni.datapath import endpoint
 from cni.datapath.maps import Datapath
 from cni.net import link
 from cni.net.netlink import Rtnl
-from cni.plugin import wiring
+from cni.plugin import podnet
 from tests.harness import packets as pk
 from tests.harness.cni_run import TEST_BPF_DIR, Network, PodNamespaces, in_netns, node_veth
 from tests.harness.datapath_pods import PROBE, PYTHON, Pod, Server
@@ -155,7 +155,7 @@ def test_del_deletes_the_veth_before_it_unpins_the_filter(
 
     monkeypatch.setattr(endpoint, "detach", spy)
     with Rtnl() as node, Datapath(TEST_BPF_DIR) as datapath:
-        wiring.unwire(node, link.get_link(node, veth), datapath)
+        podnet.disconnect(node, link.get_link(node, veth), datapath)
     assert seen == [False], "the veth was gone when its links were unpinned"
     assert not Path(endpoint.link_path(TEST_BPF_DIR, ifindex, "from_pod")).exists()
     network.delete(netns, "order").ok()

@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 
 from cni.datapath import bpf, ctpool, loader, reaper
-from cni.datapath import policy as P
+from cni.datapath import policy_install as P
 from cni.datapath.maps import Datapath, ct_key, iterate
 from cni.datapath.structs import CT_SHARES, NONE, CTKey
+from cni.policy.vocabulary import AllowRule, EndpointPolicy, Ports
 from tests.harness.agent import AgentNetwork, namespace, policy
 from tests.harness.cni_run import TEST_BPF_DIR, Network, PodNamespaces, node_veth
 
@@ -83,8 +84,8 @@ def test_the_reaper_deletes_all_garbage_and_nothing_in_use(
     for cid in ("a", "b", "c"):
         netns = pods.new()
         made[cid] = (netns, node_veth(network.add(netns, cid)))
-    shared = P.EndpointPolicy(ingress=(P.AllowRule(ports=(P.Ports("tcp", 7001),)),))
-    own = P.EndpointPolicy(egress=(P.AllowRule(ports=(P.Ports("udp", 7002),)),))
+    shared = EndpointPolicy(ingress=(AllowRule(ports=(Ports("tcp", 7001),)),))
+    own = EndpointPolicy(egress=(AllowRule(ports=(Ports("udp", 7002),)),))
     registry = P.PolicyRegistry()
     P.install_many(dp, {made["a"][1][1]: shared, made["b"][1][1]: shared}, registry)
     P.install(dp, made["c"][1][1], own, registry)

@@ -28,9 +28,10 @@ from dataclasses import dataclass
 import pytest
 
 from cni.datapath import after_nat, endpoint, loader
-from cni.datapath import policy as P
+from cni.datapath import policy_install as P
 from cni.datapath.maps import Datapath
 from cni.net.netlink import Rtnl
+from cni.policy.vocabulary import AllowRule, EndpointPolicy, PeerCIDR, Ports
 from tests.harness.cni_run import (
     SESSION_TAG,
     TEST_BPF_DIR,
@@ -127,11 +128,11 @@ def dp() -> Iterator[Datapath]:
             datapath.set_service_ips([])
 
 
-def only_b(b: Pod, *more: str) -> P.EndpointPolicy:
-    peers = [P.AllowRule(peers=(P.PeerCIDR(f"{b.ip}/32"),), ports=(P.Ports("tcp", 8080),))]
-    peers += [P.AllowRule(peers=(P.PeerCIDR(f"{ip}/32"),), ports=(P.Ports("tcp", 8080),))
+def only_b(b: Pod, *more: str) -> EndpointPolicy:
+    peers = [AllowRule(peers=(PeerCIDR(f"{b.ip}/32"),), ports=(Ports("tcp", 8080),))]
+    peers += [AllowRule(peers=(PeerCIDR(f"{ip}/32"),), ports=(Ports("tcp", 8080),))
               for ip in more]  # fmt: skip
-    return P.EndpointPolicy(egress=tuple(peers))
+    return EndpointPolicy(egress=tuple(peers))
 
 
 def connects(pod: Pod, address: str, port: int = 80) -> bool:
@@ -174,7 +175,7 @@ def test_a_tightened_policy_cuts_an_established_service_flow(
     P.install(dp, a.ifindex, only_b(b))
     with Server(b, tcp=(8080,)):
         held = HeldConnection(a, Pod("svc", "", svc, "", 0), 80)
-        P.install(dp, a.ifindex, P.EndpointPolicy(egress=()))
+        P.install(dp, a.ifindex, EndpointPolicy(egress=()))
         assert held.finish() == "cut"
 
 
@@ -287,8 +288,8 @@ def test_a_host_network_backend_is_judged_after_dnat(
     finally:
         reached = accepted(server, port)
     assert reached == 0, f"{reached} connections reached the node"
-    allow_node = P.AllowRule(peers=(P.PeerCIDR(f"{node}/32"),), ports=(P.Ports("tcp", port),))
-    P.install(dp, a.ifindex, P.EndpointPolicy(egress=(*only_b(b).egress, allow_node)))
+    allow_node = AllowRule(peers=(PeerCIDR(f"{node}/32"),), ports=(Ports("tcp", port),))
+    P.install(dp, a.ifindex, EndpointPolicy(egress=(*only_b(b).egress, allow_node)))
     server = serve_in(None, port)
     try:
         assert connects(a, svc), "allowed: through the Service"
@@ -323,7 +324,7 @@ def test_an_egress_isolated_backend_answers_masqueraded_clients(
     svc, node_port = cluster_ip(), random.randint(30000, 32767)
     kube_proxy.service("R", svc, [(b.ip, 8080)])
     dp.set_service_ips([svc])
-    P.install(dp, b.ifindex, P.EndpointPolicy(egress=()))
+    P.install(dp, b.ifindex, EndpointPolicy(egress=()))
     to_b = ["-d", f"{b.ip}/32", "-p", "tcp", "--dport", "8080"]
     with (
         iptables_nat(

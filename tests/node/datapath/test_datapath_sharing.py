@@ -12,10 +12,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from cni.datapath import policy as P
+from cni.datapath import policy_install as P
 from cni.datapath import rcu, reaper
 from cni.datapath.maps import Datapath
 from cni.datapath.structs import Endpoint, ip_be
+from cni.policy.vocabulary import EndpointPolicy, Ports
 from tests.harness import packets as pk
 from tests.node.datapath.test_bpf_verdicts import A_IP, B_IP, DROP, PASS, PEER, Bench, bench, rule
 
@@ -51,7 +52,7 @@ def udp_out(src: str, sport: int, dport: int) -> bytes:
 
 
 def test_equal_rule_sets_share_one_policy_id_and_its_maps(bench: Bench) -> None:
-    dns = (rule(f"{PEER}/32", P.Ports("udp", 53)),)
+    dns = (rule(f"{PEER}/32", Ports("udp", 53)),)
     bench.policy(bench.a, egress=dns)
     bench.policy(bench.b, egress=dns)
     a, b = bench.dp.endpoint(bench.a), bench.dp.endpoint(bench.b)
@@ -64,7 +65,7 @@ def test_equal_rule_sets_share_one_policy_id_and_its_maps(bench: Bench) -> None:
     assert bench.out_of(bench.b, udp_out(B_IP, 4001, 54)) == DROP
 
     # A change to one endpoint leaves the other as it was.
-    bench.policy(bench.a, egress=(rule(f"{PEER}/32", P.Ports("udp", 54)),))
+    bench.policy(bench.a, egress=(rule(f"{PEER}/32", Ports("udp", 54)),))
     a, b = bench.dp.endpoint(bench.a), bench.dp.endpoint(bench.b)
     assert a is not None and b is not None
     assert a.egress_policy not in (0, shared) and b.egress_policy == shared
@@ -76,7 +77,7 @@ def test_equal_rule_sets_share_one_policy_id_and_its_maps(bench: Bench) -> None:
 
 
 def test_installing_a_rule_set_the_node_has_writes_no_map_of_maps(bench: Bench) -> None:
-    dns = (rule(f"{PEER}/32", P.Ports("udp", 53)),)
+    dns = (rule(f"{PEER}/32", Ports("udp", 53)),)
     bench.policy(bench.a, egress=dns)  # the node has it now
     reaper.reap(bench.dp, full=True)  # nothing left to reap during the installs below
     wait = one_grace_period()
@@ -85,9 +86,9 @@ def test_installing_a_rule_set_the_node_has_writes_no_map_of_maps(bench: Bench) 
     for _ in range(5):
         started = time.perf_counter()
         # A short-lived registry, as any process has: the pinned index finds the id.
-        P.install(bench.dp, bench.b, P.EndpointPolicy(egress=dns))
+        P.install(bench.dp, bench.b, EndpointPolicy(egress=dns))
         took.append(time.perf_counter() - started)
-        P.install(bench.dp, bench.b, P.EndpointPolicy())
+        P.install(bench.dp, bench.b, EndpointPolicy())
     assert outer_maps(bench.dp) == before, "an element of a map of maps was written"
     assert my_waits() == waits
     assert min(took) < wait / 4, f"{min(took) * 1000:.2f} ms, a grace period {wait * 1000:.1f} ms"
@@ -111,13 +112,13 @@ def test_a_batch_of_100_endpoints_with_one_new_rule_set_waits_twice(
     bench: Bench, hundred: list[int]
 ) -> None:
     """One batched insert per outer map (peers, rules): two grace periods, not 200."""
-    fresh = (rule(f"{PEER}/32", P.Ports("tcp", 4242)),)
+    fresh = (rule(f"{PEER}/32", Ports("tcp", 4242)),)
     reaper.reap(bench.dp)  # the release counts start at 0: no reap within the install
     wait = one_grace_period()
     waits = my_waits()
     started = time.perf_counter()
     generations = P.install_many(
-        bench.dp, dict.fromkeys(hundred, P.EndpointPolicy(ingress=fresh)), P.PolicyRegistry()
+        bench.dp, dict.fromkeys(hundred, EndpointPolicy(ingress=fresh)), P.PolicyRegistry()
     )
     took = time.perf_counter() - started
     assert sorted(generations) == hundred

@@ -14,11 +14,11 @@ from cni.spec.errors import ERR_TRY_AGAIN, from_ipam
 from ipam import claim_stores
 from ipam import config as ipam_config
 from ipam.claims import LocalClaimStore
-from ipam.clock import SimulatedClock
 from ipam.errors import ClaimsUnavailable, InvalidConfig
 from ipam.modes import open_allocator
 from ipam.prefix import PrefixAllocator
 from ipam.space import free_in_block, largest_network, runs, unclaimed_space
+from tests.harness.clock import SimulatedClock
 from tests.harness.ipam import held, open_prefix
 
 Net = ipaddress.IPv4Network

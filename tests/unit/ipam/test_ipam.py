@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from ipam.clock import SimulatedClock
 from ipam.errors import NoAddress, StoreError
 from ipam.modes import open_allocator
 from ipam.store import MIGRATIONS, SCHEMA_VERSION, store_path
+from tests.harness.clock import SimulatedClock
 from tests.harness.ipam import held, ips, make_config, open_prefix
 
 

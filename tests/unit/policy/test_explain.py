@@ -8,10 +8,11 @@ import random
 
 import pytest
 
-from cni.datapath.policy import AllowRule, CompiledDirection, Ports, compile_direction
+from cni.datapath.ruleset import CompiledDirection, compile_direction
 from cni.datapath.structs import RULE_ANY_PORT
 from cni.policy.explain import explain, verdict
 from cni.policy.resolve import service_ips
+from cni.policy.vocabulary import AllowRule, Ports
 from tests.unit.policy import random_cluster
 from tests.unit.policy.cluster import apply, cluster, policy
 

@@ -10,13 +10,13 @@ import pytest
 import yaml
 
 from cni.controller.publisher import Publisher
-from cni.datapath.policy import PeerCIDR
 from cni.policy.errors import PolicyInputError
 from cni.policy.explain import explain, verdict
 from cni.policy.model import EVERYTHING, NetworkPolicy, PolicyRule
 from cni.policy.parse import parse_network_policy, read_network_policy
 from cni.policy.published.index import ShardIndex
 from cni.policy.render import policy_spec_json
+from cni.policy.vocabulary import PeerCIDR
 from tests.unit.controller.published_api import PublishedStore, publish
 from tests.unit.policy.cluster import cluster
 

@@ -6,7 +6,7 @@ compares who can connect to whom with what Kubernetes expects.
 
 from __future__ import annotations
 
-from cni.datapath.policy import Ports
+from cni.policy.vocabulary import Ports
 from tests.unit.policy.cluster import (
     PODS,
     can_connect,

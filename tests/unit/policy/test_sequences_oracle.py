@@ -25,14 +25,14 @@ from typing import Any
 import pytest
 
 from cni.controller.publisher import Publisher
-from cni.datapath.policy import AllowRule, EndpointPolicy
-from cni.datapath.ruleset import PROTOCOLS, compile_direction, digest
+from cni.datapath.ruleset import compile_direction, digest
 from cni.datapath.structs import RULE_ANY_PORT
 from cni.policy.model import KubeObject, Namespace, NetworkPolicy, Pod
 from cni.policy.parse import parse_namespace, parse_pod, read_network_policy
 from cni.policy.published.index import ShardIndex
 from cni.policy.published.objects import AddressShard, PolicyShard, TargetsShard
 from cni.policy.resolve import PolicyIndex
+from cni.policy.vocabulary import PROTOCOLS, AllowRule, EndpointPolicy
 from tests.harness.netpol_oracle import ClusterState
 from tests.harness.policy_sequences import SERVED, Generator, Step, World, base_steps, shrink
 from tests.harness.sequence_objects import documents, events

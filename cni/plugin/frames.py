@@ -42,7 +42,7 @@ if TYPE_CHECKING:
         def recv(self, size: int) -> bytes: ...
 
 
-class WireError(Exception):
+class FrameError(Exception):
     """The peer broke the protocol (size, framing, JSON, fields)."""
 
 
@@ -97,7 +97,7 @@ def send_frame(sock: "Socket", body: bytes) -> None:
 def receive_frame(sock: "Socket", limit: int) -> bytes:
     (length,) = LENGTH.unpack(_exactly(sock, LENGTH.size))
     if length > limit:
-        raise WireError(f"message of {length} bytes is over the limit of {limit}")
+        raise FrameError(f"message of {length} bytes is over the limit of {limit}")
     return _exactly(sock, length)
 
 
@@ -106,7 +106,7 @@ def _exactly(sock: "Socket", count: int) -> bytes:
     while count:
         chunk = sock.recv(min(count, 1 << 16))
         if not chunk:
-            raise WireError("connection closed mid-message")
+            raise FrameError("connection closed mid-message")
         chunks.append(chunk)
         count -= len(chunk)
     return b"".join(chunks)
@@ -139,21 +139,21 @@ def is_call(body: bytes) -> bool:
 def parse_call(body: bytes) -> tuple[dict[str, str], bytes]:
     """(environment, stdin) of a CNI call frame."""
     if len(body) < CALL_HEAD.size:
-        raise WireError("CNI call frame too short")
+        raise FrameError("CNI call frame too short")
     _, version, env_length = CALL_HEAD.unpack_from(body)
     if version != VERSION:
-        raise WireError(f"unsupported protocol version {version}")
+        raise FrameError(f"unsupported protocol version {version}")
     start = CALL_HEAD.size
     if start + env_length > len(body):
-        raise WireError(f"environment of {env_length} bytes overruns the frame")
+        raise FrameError(f"environment of {env_length} bytes overruns the frame")
     entries = body[start : start + env_length]
     if entries and not entries.endswith(b"\0"):
-        raise WireError("environment does not end with a NUL")
+        raise FrameError("environment does not end with a NUL")
     env: dict[str, str] = {}
     for entry in entries.split(b"\0")[:-1]:
         key, sep, value = entry.decode(errors="surrogateescape").partition("=")
         if not sep or not key:
-            raise WireError(f"environment entry {entry[:40]!r} is not KEY=VALUE")
+            raise FrameError(f"environment entry {entry[:40]!r} is not KEY=VALUE")
         env[key] = value
     return env, body[start + env_length :]
 
@@ -166,7 +166,7 @@ def answer_frame(rc: int, stdout: str, stderr: str) -> bytes:
 def parse_answer(body: bytes) -> tuple[int, str, str]:
     """(exit code, stdout, stderr) of a CNI answer frame."""
     if body[:1] != b"R" or len(body) < ANSWER_HEAD.size:
-        raise WireError("not a CNI answer")
+        raise FrameError("not a CNI answer")
     _, rc, out_length = ANSWER_HEAD.unpack_from(body)
     out_end = ANSWER_HEAD.size + out_length
     return rc, body[ANSWER_HEAD.size : out_end].decode(), body[out_end:].decode()
@@ -191,7 +191,7 @@ def decode(body: bytes) -> "dict[str, Any]":
     try:
         message = json.loads(body)
     except (UnicodeDecodeError, ValueError) as err:
-        raise WireError(f"message is not JSON: {err}") from None
+        raise FrameError(f"message is not JSON: {err}") from None
     if not isinstance(message, dict):
-        raise WireError("message is not a JSON object")
+        raise FrameError("message is not a JSON object")
     return message

@@ -106,7 +106,7 @@ class Attaching:
             raise self.error
 
 
-def wire(
+def connect(
     node: Rtnl,
     pod: Rtnl,
     node_index: int,
@@ -163,7 +163,7 @@ def routed_alias(node: Rtnl, ip: str) -> str | None:
     return found.alias if found else None
 
 
-def unwire(
+def disconnect(
     node: Rtnl, node_veth: link.Link | None, datapath: Datapath, ips: list[str] | None = None
 ) -> None:
     """Delete the pair (the pod end goes with it), then forget the endpoint, so the

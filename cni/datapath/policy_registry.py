@@ -29,7 +29,8 @@ from collections.abc import Iterable
 
 from cni.datapath import ruleset
 from cni.datapath.maps import Datapath
-from cni.datapath.ruleset import AllowRule, CompiledDirection
+from cni.datapath.ruleset import CompiledDirection
+from cni.policy.vocabulary import AllowRule
 
 Rules = tuple[AllowRule, ...]
 CACHE_SIZE = 1024  # distinct rule sets whose digest a registry remembers

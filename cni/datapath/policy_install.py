@@ -4,7 +4,7 @@ A direction's policy is a list of allow rules (``cni.datapath.ruleset``
 compiles them); a direction without a policy is not isolated: everything
 passes.
 
-Rule sets are shared by content (``cni.datapath.policies``): an endpoint's
+Rule sets are shared by content (``cni.datapath.policy_registry``): an endpoint's
 entry names the policy id of each direction, and endpoints whose direction
 compiles to the same rule set share its id and inner maps. Installing:
 
@@ -26,46 +26,27 @@ reaper (``cni.datapath.reaper``).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 
-from cni.datapath import policies, reaper
+from cni.datapath import policy_registry, reaper
 from cni.datapath.maps import Datapath
-from cni.datapath.policies import PolicyRegistry
-from cni.datapath.ruleset import (
-    AllowRule,
-    CompiledDirection,
-    PeerCIDR,
-    PolicyError,
-    Ports,
-    compile_direction,
-)
+from cni.datapath.policy_registry import PolicyRegistry
+from cni.datapath.ruleset import compile_direction
 from cni.datapath.structs import DIRECTIONS, EP_DENY_NODE, NONE, Endpoint
+from cni.policy.vocabulary import AllowRule, EndpointPolicy, PolicyError
 
 __all__ = [
-    "AllowRule",
-    "CompiledDirection",
-    "EndpointPolicy",
-    "PeerCIDR",
-    "PolicyError",
     "PolicyRegistry",
-    "Ports",
     "compile_direction",
+    "endpoint_flags",
     "install",
     "install_many",
     "size",
 ]
 
 
-@dataclass(frozen=True)
-class EndpointPolicy:
-    """None for a direction: not isolated. A tuple of rules: isolated, these allowed."""
-
-    ingress: tuple[AllowRule, ...] | None = None
-    egress: tuple[AllowRule, ...] | None = None
-    deny_node: bool = False
-
-    def flags(self) -> int:
-        return EP_DENY_NODE if self.deny_node else 0
+def endpoint_flags(policy: EndpointPolicy) -> int:
+    """The endpoint entry's flags that the policy sets."""
+    return EP_DENY_NODE if policy.deny_node else 0
 
 
 def install_many(
@@ -100,12 +81,12 @@ def install_many(
     missing = [
         d for d in contents if registry.known_id(d) is None and datapath.find_policy(d) is None
     ]
-    built = policies.build(registry, contents, missing)
+    built = policy_registry.build(registry, contents, missing)
     generations: dict[int, int] = {}
     missing: dict[int, PolicyError] = {}
     try:
         with datapath.lock:
-            ids = policies.resolve_ids(datapath, registry, contents, built)
+            ids = policy_registry.resolve_ids(datapath, registry, contents, built)
             released = 0
             for ifindex, (egress, ingress) in digests.items():
                 current = datapath.endpoint(ifindex)
@@ -113,7 +94,7 @@ def install_many(
                     missing[ifindex] = PolicyError(f"ifindex {ifindex} is not an endpoint")
                     continue
                 new = Endpoint.from_buffer_copy(current)
-                new.flags = wanted[ifindex].flags()
+                new.flags = endpoint_flags(wanted[ifindex])
                 new.egress_policy = ids[egress] if egress is not None else NONE
                 new.ingress_policy = ids[ingress] if ingress is not None else NONE
                 if bytes(new) != bytes(current):
@@ -126,7 +107,7 @@ def install_many(
                 generations[ifindex] = new.policy_gen
             datapath.count_releases(policies=released)
     finally:
-        policies.close(built)
+        policy_registry.close(built)
         registry.settle(contents)
     reaper.after_release(datapath)
     if missing and failed is None:
