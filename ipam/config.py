@@ -39,12 +39,17 @@ class IPAMRoute(NamedTuple):
 
 @runtime_checkable
 class IPAMConfig(Protocol):
-    """What the configurations of both modes have (each mode's is a NamedTuple)."""
+    """What the configurations of both modes have (each mode's is a NamedTuple, whose
+    fields are read-only)."""
 
-    network: str
-    routes: tuple[IPAMRoute, ...]
-    cooldown_seconds: float
-    state_dir: str
+    @property
+    def network(self) -> str: ...
+    @property
+    def routes(self) -> tuple[IPAMRoute, ...]: ...
+    @property
+    def cooldown_seconds(self) -> float: ...
+    @property
+    def state_dir(self) -> str: ...
 
     def to_json(self) -> dict[str, Any]:
         """The configuration as the ``ipam`` object would state it, defaults filled in."""
@@ -61,7 +66,9 @@ class NodeCIDRConfig(NamedTuple):
     range_end: ipaddress.IPv4Address
     gateway: ipaddress.IPv4Address | None
 
-    mode = "node-cidr"
+    @property
+    def mode(self) -> str:
+        return "node-cidr"
 
     @property
     def address_range(self) -> ipaddress.IPv4Network:
@@ -100,7 +107,9 @@ class PrefixConfig(NamedTuple):
     node_name: str
     claim_store: str = "local"  # one of CLAIM_STORES
 
-    mode = "prefix"
+    @property
+    def mode(self) -> str:
+        return "prefix"
 
     @property
     def address_range(self) -> ipaddress.IPv4Network:
@@ -108,7 +117,7 @@ class PrefixConfig(NamedTuple):
 
     @property
     def block_size(self) -> int:
-        return 2 ** (32 - self.prefix_length)
+        return 1 << (32 - self.prefix_length)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -281,7 +290,7 @@ def _routes(value: Any) -> tuple[IPAMRoute, ...]:
         if not isinstance(raw, dict):
             raise InvalidConfig(f'"{where}" must be an object, got {raw!r}')
         try:
-            dst = ipaddress.ip_network(raw.get("dst"))
+            dst = ipaddress.ip_network(raw.get("dst", ""))
             gw = ipaddress.ip_address(raw["gw"]) if raw.get("gw") else None
         except (TypeError, ValueError) as err:
             raise InvalidConfig(f'invalid "{where}" {raw!r}: {err}') from None

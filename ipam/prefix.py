@@ -133,9 +133,9 @@ class PrefixAllocator(Allocator):
         if open_blocks:
             block = max(open_blocks, key=lambda b: (usage[b], -int(b.network_address)))
             return next(ip for ip in block if str(ip) not in busy)
-        block = self._claim()
-        if block is not None:
-            return block.network_address
+        claimed = self._claim()
+        if claimed is not None:
+            return claimed.network_address
         try:
             return self._longest_cooled(lambda ip: any(ip in b for b in held), "")
         except NoAddress:

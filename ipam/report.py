@@ -74,7 +74,7 @@ def _node_cidr_part(
 ) -> dict[str, Any]:
     busy = {str(a.ip) for a in allocator.allocations()} | set(cooling)
     free = [ip for ip in allocator.candidates() if str(ip) not in busy]
-    space = list(ipaddress.collapse_addresses(free))
+    space = list(ipaddress.collapse_addresses(ipaddress.IPv4Network(ip) for ip in free))
     return {
         "subnet": str(allocator.config.subnet),
         "prefixLength": None,

@@ -163,10 +163,10 @@ def show_report(bpf_dir: str) -> dict[str, Any]:
             "ct_dirty",
             "policy_index",
         ):
-            info = bpf.map_info(dp.fd(name))
+            map_info = bpf.map_info(dp.fd(name))
             fill[name] = {
                 "entries": sum(1 for _ in dp.keys(name, _key_type(name))),
-                "max": info.max_entries,
+                "max": map_info.max_entries,
             }
         config = {
             name: getattr(dp.config(), name) for name, _ in dp.config()._fields_ if name != "pad"

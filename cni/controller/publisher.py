@@ -361,9 +361,12 @@ class Publisher:
             plan.deletions += self._orphans()
         plan.deletions += self._foreign.values()
         seen: set[ObjectKey] = set()
-        plan.deletions = [
-            d for d in plan.deletions if not (d.object_key in seen or seen.add(d.object_key))
-        ]
+        unique = []
+        for deletion in plan.deletions:
+            if deletion.object_key not in seen:
+                seen.add(deletion.object_key)
+                unique.append(deletion)
+        plan.deletions = unique
         return plan
 
     def replan(self, write_or_deletion: Write | ShardInfo) -> None:
@@ -549,16 +552,16 @@ class Publisher:
         for key in keys:
             if key in old:
                 continue
-            state = self._sets.get(key)
-            if state is None:
-                state = self._sets[key] = _AddressSet(key, objects.address_set_id(key))
-                self._set_by_id[state.id] = key
+            added = self._sets.get(key)
+            if added is None:
+                added = self._sets[key] = _AddressSet(key, objects.address_set_id(key))
+                self._set_by_id[added.id] = key
                 self._sets_of_group.setdefault(key.group, set()).add(key)
                 self._retired.pop(key, None)
                 self._dirty_sets[key] = None
-            state.users.add(policy)
+            added.users.add(policy)
             for node in nodes:
-                self._set_node(state, node, +1)
+                self._set_node(added, node, +1)
         if keys:
             self._policy_sets[policy] = keys
         else:

@@ -102,6 +102,6 @@ def _linked_program(datapath: Datapath, hook: str) -> int | None:
     except bpf.BPFError:
         return None
     try:
-        return bpf.link_info(link_fd).prog_id
+        return int(bpf.link_info(link_fd).prog_id)
     finally:
         os.close(link_fd)

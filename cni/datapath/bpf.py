@@ -10,7 +10,10 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-from typing import Any
+from typing import Any, TypeAlias
+
+# A map key or value as ctypes knows it: a structure or a scalar (c_uint32, ...).
+CValue: TypeAlias = "ctypes.Structure | ctypes._SimpleCData[Any]"
 
 SYS_BPF = {"x86_64": 321, "aarch64": 280}[os.uname().machine]
 
@@ -327,11 +330,11 @@ def map_update_batch(fd: int, keys: ctypes.Array, values: ctypes.Array) -> None:
     _bpf(MAP_UPDATE_BATCH, attr, f"failed to update {len(keys)} map elements")
 
 
-def map_delete_batch(fd: int, keys: ctypes.Array) -> int:  # type: ignore[type-arg]
+def map_delete_batch(fd: int, keys: ctypes.Array[Any]) -> int:
     """Delete the elements of ``keys`` that exist, in one call; return how many went."""
     deleted = 0
     remaining = list(keys)
-    key_type = type(keys)._type_
+    key_type = keys._type_
     while remaining:
         array = (key_type * len(remaining))(*remaining)
         attr = _Batch(keys=ctypes.addressof(array), count=len(remaining), map_fd=fd)
@@ -349,8 +352,8 @@ def map_delete_batch(fd: int, keys: ctypes.Array) -> int:  # type: ignore[type-a
 
 def map_lookup_batch(
     fd: int,
-    key_type: type[ctypes.Structure] | type[ctypes._SimpleCData],
-    value_type: type[ctypes.Structure] | type[ctypes._SimpleCData],
+    key_type: type[CValue],
+    value_type: type[CValue],
     chunk: int = 512,
 ) -> list[tuple[Any, Any]]:
     """Every (key, value) of a hash map, a chunk per system call instead of two calls per

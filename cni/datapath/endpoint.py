@@ -197,10 +197,9 @@ def register(
     try:
         entries = datapath.ct_capacity()
         with datapath.lock:
-            slot = ctpool.take(datapath, entries)
-            own_table = slot is None
-            if own_table:
-                slot = datapath.allocate_ct_slots(1)[0]
+            free = ctpool.take(datapath, entries)
+            own_table = free is None
+            slot = datapath.allocate_ct_slots(1)[0] if free is None else free
             if datapath.endpoint(ifindex) is not None:
                 datapath.delete_endpoint(ifindex)  # of an earlier device with this ifindex
             datapath.set_endpoint(

@@ -176,9 +176,7 @@ class Datapath:
 
     # -- iteration -------------------------------------------------------------
 
-    def keys(
-        self, name: str, key_type: type[ctypes.Structure] | type[ctypes._SimpleCData]
-    ) -> Iterator[Any]:
+    def keys(self, name: str, key_type: type[bpf.CValue]) -> Iterator[Any]:
         yield from iterate(self.fd(name), key_type)
 
     # -- endpoints --------------------------------------------------------------
@@ -561,7 +559,7 @@ def _digest(digest: bytes) -> PolicyDigest:
     return key
 
 
-def iterate(fd: int, key_type: type[ctypes.Structure] | type[ctypes._SimpleCData]) -> Iterator[Any]:
+def iterate(fd: int, key_type: type[bpf.CValue]) -> Iterator[Any]:
     key = None
     while True:
         next_key = key_type()

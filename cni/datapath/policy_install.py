@@ -78,10 +78,10 @@ def install_many(
 
     # Outside the lock: the inner maps of rule sets the node does not have (as far as
     # this registry knows, or else the pinned index says).
-    missing = [
+    unbuilt = [
         d for d in contents if registry.known_id(d) is None and datapath.find_policy(d) is None
     ]
-    built = policy_registry.build(registry, contents, missing)
+    built = policy_registry.build(registry, contents, unbuilt)
     generations: dict[int, int] = {}
     missing: dict[int, PolicyError] = {}
     try:

@@ -29,18 +29,18 @@ def read_direction(peer_map_id: int, rule_map_id: int) -> CompiledDirection:
     peer_fd = bpf.map_get_fd_by_id(peer_map_id)
     try:
         for key in iterate(peer_fd, PeerKey):
-            value = Peer()
-            if bpf.map_lookup(peer_fd, key, value):
+            peer = Peer()
+            if bpf.map_lookup(peer_fd, key, peer):
                 network = ipaddress.IPv4Network(f"{ip_str(key.addr)}/{key.prefixlen}")
-                compiled.peers[network] = value.set
+                compiled.peers[network] = peer.set
     finally:
         os.close(peer_fd)
     rule_fd = bpf.map_get_fd_by_id(rule_map_id)
     try:
         for key in iterate(rule_fd, RuleKey):
-            value = Rule()
-            if bpf.map_lookup(rule_fd, key, value):
-                compiled.rules[(key.set, key.proto, port_host(key.port))] = value
+            rule = Rule()
+            if bpf.map_lookup(rule_fd, key, rule):
+                compiled.rules[(key.set, key.proto, port_host(key.port))] = rule
     finally:
         os.close(rule_fd)
     return compiled

@@ -38,10 +38,11 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 from cni.datapath import ctpool, rcu
 from cni.datapath.maps import Datapath
@@ -169,10 +170,11 @@ def _pass(datapath: Datapath, pool: int, stock: bool, full: bool) -> Reaped:
             ctpool.mark_free(datapath, refill + added, entries)
         reaped.refilled, reaped.added = len(refill), len(added)
     if delete or doomed:
-        _in_parallel(
-            [lambda slot=slot: datapath.delete_table(slot) for slot in delete]
-            + [lambda pid=pid: datapath.delete_policy(pid) for pid in doomed]
-        )
+        deletions: list[Callable[[], object]] = [
+            functools.partial(datapath.delete_table, slot) for slot in delete
+        ]
+        deletions += [functools.partial(datapath.delete_policy, pid) for pid in doomed]
+        _in_parallel(deletions)
         with datapath.lock:
             ctpool.unmark(datapath, delete)
         reaped.tables_deleted, reaped.policies_deleted = len(delete), len(doomed)
@@ -189,7 +191,7 @@ def _grace(datapath: Datapath) -> None:
     datapath.delete_table(NONE)
 
 
-def _in_parallel(calls: list[Callable[[], object]]) -> None:
+def _in_parallel(calls: Sequence[Callable[[], object]]) -> None:
     if len(calls) == 1:
         calls[0]()
         return

@@ -118,8 +118,8 @@ def compile_direction(rules: Iterable[AllowRule]) -> CompiledDirection:
 
 def _add_ports(compiled: CompiledDirection, set_id: int, ports: list[Ports]) -> None:
     ranges: dict[int, list[tuple[int, int]]] = {}
-    for port in ports:
-        proto, (first, last) = port.proto, port.span
+    for entry in ports:
+        proto, (first, last) = entry.proto, entry.span
         if proto == 0:
             compiled.rules[(set_id, 0, 0)] = Rule(flags=RULE_ANY_PORT)
         elif first == 0 and last == 0:
@@ -139,8 +139,8 @@ def _add_ports(compiled: CompiledDirection, set_id: int, ports: list[Ports]) -> 
                 f"(at most {MAX_RANGES} plus {MAX_EXPANDED_PORTS} single ports)"
             )
         for first, last in spelled:
-            for port in range(first, last + 1):
-                compiled.rules[(set_id, proto, port)] = Rule()
+            for number in range(first, last + 1):
+                compiled.rules[(set_id, proto, number)] = Rule()
         rule = Rule(nranges=len(kept))
         for i, (first, last) in enumerate(kept):
             rule.ranges[i] = PortRange(first, last)

@@ -78,7 +78,7 @@ class Endpoint(ctypes.Structure):
 
     def policy(self, direction: int) -> int:
         """The policy id of a direction (NONE: not isolated)."""
-        return self.egress_policy if direction == DIR_EGRESS else self.ingress_policy
+        return int(self.egress_policy if direction == DIR_EGRESS else self.ingress_policy)
 
 
 class PeerKey(ctypes.Structure):

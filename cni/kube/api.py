@@ -8,6 +8,7 @@ pod's service account when run in a cluster (``kubeconfig``).
 
 from __future__ import annotations
 
+import builtins
 import json
 import logging
 import random
@@ -109,7 +110,10 @@ class Api:
             version = page_version
         return Listed(items, version)
 
-    def pages(self, path: str, **params: str) -> Iterator[tuple[list[dict[str, Any]], str]]:
+    # ``list`` names the method above in this class body: the builtin by its full name.
+    def pages(
+        self, path: str, **params: str
+    ) -> Iterator[tuple[builtins.list[dict[str, Any]], str]]:
         """A collection in batches of at most ``BATCH`` objects as they arrive, each with
         the list's resourceVersion (final with the last batch), so that a caller trims
         each batch before the next is decoded instead of holding the whole collection

@@ -42,7 +42,7 @@ def _internal_ip(status: dict[str, Any]) -> ipaddress.IPv4Address | None:
         if not isinstance(entry, dict) or entry.get("type") != INTERNAL_IP:
             continue
         try:
-            address = ipaddress.ip_address(entry.get("address"))
+            address = ipaddress.ip_address(str(entry.get("address", "")))
         except (TypeError, ValueError):
             continue
         if isinstance(address, ipaddress.IPv4Address):

@@ -14,7 +14,7 @@ IFF_UP = 0x1
 
 
 class Link(NamedTuple):
-    index: int
+    index: int  # type: ignore[assignment]  # the kernel's name; shadows tuple.index, unused
     name: str
     mac: str
     mtu: int

@@ -42,7 +42,7 @@ class TunnelError(Exception):
 
 
 class Tunnel(NamedTuple):
-    index: int
+    index: int  # type: ignore[assignment]  # the kernel's name; shadows tuple.index, unused
     local: ipaddress.IPv4Address
     mtu: int
 

@@ -124,12 +124,17 @@ def call_frame(
     (``posix.environ``): the executable sends it without decoding it. The sender's
     release goes last (the last of a repeated key wins), so the agent can refuse a
     launcher of another release."""
-    entries = b"".join(
-        (key + b"=" + value if isinstance(key, bytes) else f"{key}={value}".encode()) + b"\0"  # type: ignore[operator]
-        for key, value in env.items()
-    )
+    entries = b"".join(_env_entry(key, value) for key, value in env.items())
     entries += f"{release.CALLER_KEY}={caller_release}".encode() + b"\0"
     return CALL_HEAD.pack(b"C", VERSION, len(entries)) + entries + stdin
+
+
+def _env_entry(key: "str | bytes", value: "str | bytes") -> bytes:
+    if isinstance(key, bytes) and isinstance(value, bytes):
+        return key + b"=" + value + b"\0"
+    if isinstance(key, str) and isinstance(value, str):
+        return f"{key}={value}".encode() + b"\0"
+    raise TypeError(f"environment entry {key!r}={value!r} mixes bytes and str")
 
 
 def is_call(body: bytes) -> bool:

@@ -32,13 +32,14 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from itertools import chain
-from typing import Any, cast
+from typing import Any, Generic, TypeVar, cast
 
 from cni.policy.errors import PolicyIncomplete
 from cni.policy.groups import PodGroups, Role
 from cni.policy.kinds import ByKind, KindHandlers
 from cni.policy.model import (
     Direction,
+    KubeObject,
     Namespace,
     NetworkPolicy,
     Pod,
@@ -92,7 +93,12 @@ class ResolvedPolicy:
         return tuple(sorted({*self.ingress_policies, *self.egress_policies}))
 
 
-class PodPolicyResolver(ABC):
+# What a resolver is fed: Kubernetes objects (PolicyIndex), or the local ones and the
+# controller's published shards (ShardIndex).
+Fed = TypeVar("Fed")
+
+
+class PodPolicyResolver(ABC, Generic[Fed]):
     """A resolver as the agent's enforcer uses it: ``PolicyIndex`` (everything known
     locally), or ``cni.policy.published.index.ShardIndex`` (a controller's published
     groups). Both take objects by kind (``kinds``) and answer ``resolve`` the same way:
@@ -114,14 +120,14 @@ class PodPolicyResolver(ABC):
 
     # Updates: each returns the local pods whose policy may have changed.
 
-    def upsert(self, obj: Any) -> frozenset[PodKey]:
+    def upsert(self, obj: Fed) -> frozenset[PodKey]:
         return self.kinds.upsert(obj)
 
-    def delete(self, obj: Any) -> frozenset[PodKey]:
+    def delete(self, obj: Fed) -> frozenset[PodKey]:
         """Remove the object of that kind and name (its other fields do not matter)."""
         return self.kinds.delete(obj)
 
-    def replace_all(self, kind: type, objects: Iterable[Any]) -> frozenset[PodKey]:
+    def replace_all(self, kind: type[Fed], objects: Iterable[Fed]) -> frozenset[PodKey]:
         """Make the objects of ``kind`` exactly ``objects`` (after a relist, or when a
         store is loaded again)."""
         return self.kinds.replace_all(kind, objects)
@@ -130,7 +136,7 @@ class PodPolicyResolver(ABC):
     def upsert_pod(self, pod: Pod) -> frozenset[PodKey]: ...
 
     @abstractmethod
-    def rebuilt(self) -> PodPolicyResolver:
+    def rebuilt(self) -> PodPolicyResolver[Fed]:
         """A fresh resolver of the same kind fed what this one holds."""
 
     @abstractmethod
@@ -204,7 +210,7 @@ def _union(results: Iterable[frozenset[PodKey]]) -> frozenset[PodKey]:
     return frozenset().union(*results)
 
 
-class PolicyIndex(PodPolicyResolver):
+class PolicyIndex(PodPolicyResolver[KubeObject]):
     """Resolver state: every object the agent knows, and caches derived from them.
 
     ``node_name`` picks the local pods (those the agent enforces for): pods on
@@ -568,6 +574,6 @@ _GROUP_USES: tuple[tuple[Role, Callable[[NetworkPolicy], set[PodGroup]]], ...] =
 )
 
 
-def service_ips(index: PolicyIndex) -> frozenset[str]:
+def service_ips(index: PodPolicyResolver[Any]) -> frozenset[str]:
     """Every ClusterIP of every Service (headless ones have none)."""
     return frozenset(ip for service in index.store.services.values() for ip in service.cluster_ips)

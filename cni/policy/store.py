@@ -91,7 +91,9 @@ class ObjectStore:
         return self._claims.get(ip, set())
 
     def _unclaim(self, pod: Pod | None) -> None:
-        for ip in pod.ips if pod is not None else ():
+        if pod is None:
+            return
+        for ip in pod.ips:
             holders = self._claims[ip]
             holders.discard(pod.key)
             if not holders:

@@ -74,11 +74,11 @@ def from_ipam(err: Exception) -> CNIError:
     """The CNI error for an IPAM failure (``ipam.errors``)."""
     from ipam import errors
 
-    code = {
+    codes: dict[type[Exception], int] = {
         errors.InvalidConfig: ERR_INVALID_CONFIG,
         errors.Unsupported: ERR_UNSUPPORTED_FIELD,
         errors.NoAddress: ERR_NO_ADDRESS,
         errors.StoreError: ERR_STORE,
         errors.ClaimsUnavailable: ERR_TRY_AGAIN,  # the agent (and its API client) comes back
-    }.get(type(err), ERR_INTERNAL)
-    return CNIError(code, str(err))
+    }
+    return CNIError(codes.get(type(err), ERR_INTERNAL), str(err))

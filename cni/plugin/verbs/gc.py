@@ -57,7 +57,7 @@ def gc(
                 log.info("gc: removed veth %s of %s/%s", veth.name, *key)
             except CNIError as err:
                 errors.append(err)
-    steps: list[Callable[[], None]] = [
+    steps: list[Callable[[], object]] = [
         lambda: forget_connections(gone_ips),
         lambda: _ipam_gc(conf, valid, allocators),
         lambda: _resync_masquerade(conf, remaining_ips),

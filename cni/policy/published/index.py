@@ -46,7 +46,7 @@ NOTHING: frozenset[PodKey] = frozenset()
 Published = PolicyShard | AddressShard | TargetsShard
 
 
-class ShardIndex(PodPolicyResolver):
+class ShardIndex(PodPolicyResolver[Pod | Service | Published]):
     def __init__(self, node_name: str) -> None:
         # ``store``: local pods and Services, as PolicyIndex has them; its ``policies``
         # are those of complete PolicyEndpoints.
@@ -288,12 +288,13 @@ class ShardIndex(PodPolicyResolver):
 
     def held(self, kind: str) -> dict[str, str]:
         """The objects of a kind held now, complete or not: name -> resourceVersion."""
-        sets: ShardSets = {  # type: ignore[assignment]
-            POLICY_ENDPOINTS: self._policy_shards,
-            ADDRESS_SET: self._address_shards,
-            POLICY_TARGETS: self._target_shards,
-        }[kind]
-        return sets.versions()
+        if kind == POLICY_ENDPOINTS:
+            return self._policy_shards.versions()
+        if kind == ADDRESS_SET:
+            return self._address_shards.versions()
+        if kind == POLICY_TARGETS:
+            return self._target_shards.versions()
+        raise KeyError(kind)
 
     def status(self) -> dict[str, int]:
         """How much of the controller's output this agent holds (for logs and tests)."""
