@@ -174,26 +174,28 @@ class ShardInfo:
     @property
     def derived_name(self) -> str:
         """The name the controller gives the object its spec describes."""
-        if self.kind == POLICY_ENDPOINTS:
-            return policy_endpoints_name(self.set_namespace, self.set_name)
-        if self.kind == ADDRESS_SET:
-            return address_set_name(self.set_name, self.index)
-        return policy_targets_name(self.set_name, self.index)
+        raise NotImplementedError(f"{type(self).__name__} names no kind")
 
 
 @dataclass(frozen=True, slots=True)
 class PolicyEndpointsInfo(ShardInfo):
-    pass
+    @property
+    def derived_name(self) -> str:
+        return policy_endpoints_name(self.set_namespace, self.set_name)
 
 
 @dataclass(frozen=True, slots=True)
 class AddressSetInfo(ShardInfo):
-    pass
+    @property
+    def derived_name(self) -> str:
+        return address_set_name(self.set_name, self.index)
 
 
 @dataclass(frozen=True, slots=True)
 class PolicyTargetsInfo(ShardInfo):
-    pass
+    @property
+    def derived_name(self) -> str:
+        return policy_targets_name(self.set_name, self.index)
 
 
 INFO_TYPES: dict[str, type[ShardInfo]] = {

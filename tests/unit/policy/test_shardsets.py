@@ -11,7 +11,13 @@ import pytest
 from cni.policy.errors import PolicyInputError
 from cni.policy.model import ContainerPort, LabelSelector, Pod, labels_of
 from cni.policy.published import objects
-from cni.policy.published.objects import ADDRESS_SET, POLICY_ENDPOINTS, ShardInfo, TargetEntry
+from cni.policy.published.objects import (
+    ADDRESS_SET,
+    POLICY_ENDPOINTS,
+    PolicyEndpointsInfo,
+    ShardInfo,
+    TargetEntry,
+)
 from cni.policy.published.sets import AddressSetKey
 from cni.policy.published.shardsets import ShardSets
 from cni.policy.selectors import PodGroup
@@ -25,7 +31,7 @@ class Shard:
 
 def shard(index: int, count: int, version: str = "1", name: str = "") -> Shard:
     return Shard(
-        ShardInfo(
+        PolicyEndpointsInfo(
             POLICY_ENDPOINTS, name or f"x.p-{version}-{index}", "x", "p", (version,), index, count
         )
     )
