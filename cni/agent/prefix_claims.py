@@ -21,7 +21,6 @@ somebody else (the Node's deletion, an operator).
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -32,6 +31,7 @@ from prometheus_client.registry import Collector
 from cni.kube.api import Api
 from cni.kube.claimstore import REASONS, ApiClaimStore
 from cni.kube.events import NodeEvents
+from cni.work.queue import Worker, WorkQueue
 from ipam import claim_stores
 from ipam.claims import ClaimStore
 from ipam.config import PrefixConfig
@@ -43,6 +43,8 @@ log = logging.getLogger("sluice.claims")
 
 SYNC_WAIT = 30.0  # the agent's start waits this long for the first list of claims
 RECONCILE_SECONDS = 30.0
+UNSYNCED_RETRY_SECONDS = 1.0  # until the claims are listed
+PASS = "reconcile"  # the work queue's one key
 
 
 def uses_api_claims(ipam: Any) -> bool:
@@ -86,9 +88,8 @@ class AgentClaims:
         self.api = Api(kubeconfig)
         self.store = ApiClaimStore(self.api, config, NodeEvents(self.api, config.node_name))
         self.store.on_lost = self._changed
-        self._wake = threading.Event()
-        self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="claims-reconcile", daemon=True)
+        self._queue: WorkQueue[str] = WorkQueue()
+        self._worker = Worker("claims-reconcile", self._queue, self._pass, log)
 
     def start(self) -> None:
         """List the claims (waiting up to SYNC_WAIT), provide the store, reconcile."""
@@ -100,13 +101,11 @@ class AgentClaims:
                 SYNC_WAIT,
             )
         claim_stores.provide(self._provide)
-        self._thread.start()
+        self._queue.add(PASS)
+        self._worker.start()
 
     def stop(self) -> None:
-        self._stopping.set()
-        self._wake.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=30)
+        self._worker.stop()
         claim_stores.provide(None)
         self.store.stop()
         self.api.close()
@@ -120,16 +119,13 @@ class AgentClaims:
         return self.store
 
     def _changed(self) -> None:
-        self._wake.set()
+        self._queue.add(PASS)
 
-    def _run(self) -> None:
-        while not self._stopping.is_set():
-            if self.store.synced.is_set():
-                self.reconcile()
-                self._wake.wait(RECONCILE_SECONDS)
-            else:
-                self.store.synced.wait(1.0)
-            self._wake.clear()
+    def _pass(self, _key: str) -> float:
+        if not self.store.synced.is_set():
+            return UNSYNCED_RETRY_SECONDS  # nothing to reconcile against yet
+        self.reconcile()
+        return RECONCILE_SECONDS
 
     def reconcile(self) -> list[str]:
         """One reconciliation of the node's records and its claims; the blocks held."""

@@ -40,12 +40,14 @@ from cni.net.peer_routes import PeerRouteError
 from cni.net.vxlan import TunnelError
 from cni.plugin.netconf import NetConf
 from cni.spec.errors import CNIError
+from cni.work.queue import Worker, WorkQueue
 from ipam.claims import PoolBlocks
 from ipam.config import NodeCIDRConfig, PrefixConfig
 
 log = logging.getLogger("sluice.routes")
 
 RESYNC_SECONDS = 30.0
+PASS = "routes"  # the work queue's one key
 DEFAULT_UPLINK_MTU = 1500
 
 
@@ -117,11 +119,11 @@ class RouteKeeper:
         self.passes = 0
         self.kept = 0  # routes the last pass left in place
         self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._stopping = threading.Event()
         self._errors: dict[str, str] = {}  # what failed last, so it is logged once
         self._said_partial = False
-        self._thread = threading.Thread(target=self._run, name="route-keeper", daemon=True)
+        # One key: a pass reads the whole view, so changes meanwhile make one more pass.
+        self._queue: WorkQueue[str] = WorkQueue()
+        self._worker = Worker("route-keeper", self._queue, self._pass, log)
 
     def start(self) -> None:
         log.info(
@@ -131,16 +133,13 @@ class RouteKeeper:
         )
         for informer in self.informers:
             informer.start()
-        self._wake.set()  # a first pass at once: the tunnel, and routes to re-add
-        self._thread.start()
+        self._queue.add(PASS)  # a first pass at once: the tunnel, and routes to re-add
+        self._worker.start()
 
     def stop(self) -> None:
-        self._stopping.set()
-        self._wake.set()
+        self._worker.stop()
         for informer in self.informers:
             informer.stop()
-        if self._thread.is_alive():
-            self._thread.join(timeout=30)
         self.api.close()
 
     @property
@@ -155,7 +154,7 @@ class RouteKeeper:
                 self.nodes = {n.name: n for n in objects}
             elif self.claims is not None:
                 self.claims = {c.prefix: c for c in objects}
-        self._wake.set()
+        self._queue.add(PASS)
 
     def change(self, kind: str, event: str, obj: Any) -> None:
         with self._lock:
@@ -171,20 +170,13 @@ class RouteKeeper:
                 changed = table.get(key) != obj
                 table[key] = obj
         if changed:  # a Node's heartbeat changes nothing here
-            self._wake.set()
+            self._queue.add(PASS)
 
     # -- reconciling ---------------------------------------------------------------------
 
-    def _run(self) -> None:
-        while not self._stopping.is_set():
-            self._wake.wait(RESYNC_SECONDS)
-            self._wake.clear()
-            if self._stopping.is_set():
-                return
-            try:
-                self.reconcile()
-            except Exception:  # a bug: the next pass tries again
-                log.exception("reconciling the routes to other nodes failed")
+    def _pass(self, _key: str) -> float:
+        self.reconcile()  # an exception is a bug: the worker logs it and tries again
+        return RESYNC_SECONDS
 
     def _own_ranges(self) -> list[ipaddress.IPv4Network]:
         ipam = self.conf.ipam

@@ -48,6 +48,7 @@ from cni.datapath import ctpool, rcu
 from cni.datapath.maps import Datapath
 from cni.datapath.structs import NONE
 from cni.spec.log import logger
+from cni.work.queue import Worker, WorkQueue
 
 log = logger("sluice")
 
@@ -56,6 +57,7 @@ POOL_TARGET = 16  # empty tables kept ready (each costs its LRU's memory, ~0.4 M
 TABLES_THRESHOLD = 32  # without a reaper thread, reap once this many tables were given back
 POLICIES_THRESHOLD = 64  # ... or this many policy references were dropped
 POLL_SECONDS = 1.0  # the thread looks at the ledger this often when nobody kicks it
+PASS = "reap"  # the work queue's one key
 FULL_SECONDS = 60.0  # and looks for leftovers this often
 DELETERS = 16  # threads deleting at once (their grace periods overlap)
 
@@ -241,46 +243,40 @@ class Reaper:
     def __init__(self, datapath: Datapath, pool: int = POOL_TARGET) -> None:
         self.datapath = datapath
         self.pool = pool
-        self._wake = threading.Event()
-        self._stopping = False
         self._full = True  # the first pass looks for everything
-        self._thread = threading.Thread(target=self._run, name="reaper", daemon=True)
+        self._last_full = 0.0
+        self._queue: WorkQueue[str] = WorkQueue(base=1.0)
+        self._worker = Worker("reaper", self._queue, self._pass, log)
 
     def start(self) -> None:
         if self.datapath.reaper is not None:
             raise RuntimeError(f'the datapath in "{self.datapath.bpf_dir}" has a reaper already')
         self.datapath.reaper = self
-        self._thread.start()
+        self._queue.add(PASS)
+        self._worker.start()
 
     def stop(self) -> None:
         if self.datapath.reaper is self:
             self.datapath.reaper = None
-        self._stopping = True
-        self._wake.set()
-        self._thread.join(timeout=30)
+        self._worker.stop()
 
     def kick(self, full: bool = False) -> None:
         self._full = self._full or full
-        self._wake.set()
+        self._queue.add(PASS)
 
-    def _run(self) -> None:
-        last_full = 0.0
+    def _pass(self, _key: str) -> float:
+        """One look at the ledger (every pass looks for leftovers now and then); an
+        exception leaves the rest to the next pass, after a backoff."""
         datapath = self.datapath
-        while not self._stopping:
-            self._wake.clear()
-            full = self._full or time.monotonic() - last_full > FULL_SECONDS
-            try:
-                if full or self._due(datapath):
-                    self._full = False
-                    reaped = reap(datapath, self.pool, stock=True, full=full)
-                    if full:
-                        last_full = time.monotonic()
-                    if reaped:
-                        log.debug("reaper: %s", reaped)
-            except Exception:  # keep going: the next pass picks up what this one left
-                log.exception("reaper pass failed")
-                time.sleep(1)
-            self._wake.wait(POLL_SECONDS)
+        full = self._full or time.monotonic() - self._last_full > FULL_SECONDS
+        if full or self._due(datapath):
+            self._full = False
+            reaped = reap(datapath, self.pool, stock=True, full=full)
+            if full:
+                self._last_full = time.monotonic()
+            if reaped:
+                log.debug("reaper: %s", reaped)
+        return POLL_SECONDS
 
     def _due(self, datapath: Datapath) -> bool:
         ledger = datapath.ledger()

@@ -43,8 +43,9 @@ from typing import Any, NamedTuple
 
 from cni.kube import prefixclaims
 from cni.kube.api import Api, ApiError, Gone
-from cni.kube.backoff import HEALTHY_WATCH_SECONDS, Backoff
 from cni.kube.events import NodeEvents
+from cni.work.backoff import HEALTHY_WATCH_SECONDS, Backoff
+from cni.work.queue import Worker, WorkQueue
 from ipam.claims import Block, BlockUsage, Claim, PoolBlocks, Shortage
 from ipam.config import PrefixConfig
 from ipam.errors import ClaimsUnavailable, StoreError
@@ -56,6 +57,7 @@ SPREAD = 32
 MAX_CONFLICTS = 20
 FLUSH_SECONDS = 0.5  # usage is published at most this often
 SWEEP_SECONDS = 1.0  # released claims are looked at this often
+ROUND = "round"  # the work queue's one key
 DEAD_UIDS = 4096  # deleted objects remembered, so that a late event cannot revive one
 REASONS = {"fragmented": "PrefixPoolFragmented", "exhausted": "PrefixPoolExhausted"}
 
@@ -112,26 +114,29 @@ class ApiClaimStore:
         self._pending: dict[Block, BlockUsage] = {}
         self._published: dict[Block, BlockUsage] = {}
         self._shortage: Shortage | None = None
-        self._wake = threading.Event()
         self._stopping = threading.Event()
-        self._threads = [
-            threading.Thread(target=self._watch_loop, name="claims-watch", daemon=True),
-            threading.Thread(target=self._work_loop, name="claims-work", daemon=True),
-        ]
+        self._watcher = threading.Thread(target=self._watch_loop, name="claims-watch", daemon=True)
+        # Usage, shortages and released claims go out in rounds, at most one per
+        # FLUSH_SECONDS: what changes meanwhile goes out together.
+        self._work: WorkQueue[str] = WorkQueue()
+        self._worker = Worker(
+            "claims-work", self._work, self._round, log,
+            expected=(ApiError, ClaimsUnavailable, StoreError), spacing=FLUSH_SECONDS,
+        )  # fmt: skip
+        self._next_sweep = 0.0
 
     # -- lifecycle -----------------------------------------------------------------------
 
     def start(self) -> None:
-        for thread in self._threads:
-            thread.start()
+        self._watcher.start()
+        self._work.add(ROUND)  # then one every FLUSH_SECONDS or so: sweeps are periodic
+        self._worker.start()
 
     def stop(self) -> None:
         """Publish what is pending, then stop (close the Api afterwards: that ends the
         watch's open request)."""
         self._stopping.set()
-        self._wake.set()
-        if self._threads[1].is_alive():
-            self._threads[1].join(timeout=10)
+        self._worker.stop(timeout=10)
         try:
             self._flush_usage()
         except ApiError as err:
@@ -201,14 +206,14 @@ class ApiClaimStore:
                 if self._published.get(block) != usage:
                     self._pending[block] = usage
         if self._pending:
-            self._wake.set()
+            self._work.add(ROUND)
 
     def no_free_block(self, node: str, shortage: Shortage) -> None:
         with self._lock:
             self.shortages[shortage.reason] += 1
             self._shortage = shortage
         log.warning("no block to claim for node %s: %s", node, shortage.message)
-        self._wake.set()
+        self._work.add(ROUND)
 
     @property
     def refused(self) -> dict[str, str]:
@@ -502,23 +507,13 @@ class ApiClaimStore:
 
     # -- background work: usage, expired releases, events ----------------------------------------
 
-    def _work_loop(self) -> None:
-        next_sweep = 0.0
-        while not self._stopping.is_set():
-            self._wake.wait(FLUSH_SECONDS)
-            self._wake.clear()
-            if self._stopping.is_set():
-                return
-            try:
-                self._flush_usage()
-                self._report_shortage()
-                if time.monotonic() >= next_sweep and self.synced.is_set():
-                    self.sweep()
-                    next_sweep = time.monotonic() + SWEEP_SECONDS
-            except (ApiError, ClaimsUnavailable, StoreError) as err:
-                log.warning("prefix claims: %s", err)
-            # What changes meanwhile goes out together: at most one round per interval.
-            self._stopping.wait(FLUSH_SECONDS)
+    def _round(self, _key: str) -> float:
+        self._flush_usage()
+        self._report_shortage()
+        if time.monotonic() >= self._next_sweep and self.synced.is_set():
+            self.sweep()
+            self._next_sweep = time.monotonic() + SWEEP_SECONDS
+        return FLUSH_SECONDS
 
     def _flush_usage(self) -> None:
         with self._lock:

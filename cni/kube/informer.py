@@ -24,8 +24,8 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from cni.kube.api import Api, ApiError, Gone
-from cni.kube.backoff import HEALTHY_WATCH_SECONDS, Backoff
 from cni.policy.errors import PolicyInputError
+from cni.work.backoff import HEALTHY_WATCH_SECONDS, Backoff
 
 log = logging.getLogger("sluice.k8s")
 

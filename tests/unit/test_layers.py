@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 LAYERS: list[list[str]] = [
     ["ipam"],  # address management on its own
     ["cni.spec"],  # the CNI contract: errors, versions, requests, results
+    ["cni.work"],  # background work: the work queue and its backoff
     ["cni.net"],  # netlink, namespaces, nftables
     ["cni.policy.vocabulary"],  # what a resolved policy is: the datapath compiles it
     ["cni.datapath"],  # the eBPF programs' userspace

@@ -76,7 +76,7 @@ def test_the_lock_serialises_threads_of_one_handle(tmp_path: Path) -> None:
 
 
 def test_a_reaper_belongs_to_its_handle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(reaper.Reaper, "_run", lambda self: None)  # no maps here: no passes
+    monkeypatch.setattr(reaper.Reaper, "_pass", lambda self, key: None)  # no maps: no passes
     mine, other = Datapath(str(tmp_path)), Datapath(str(tmp_path))
     thread = reaper.Reaper(mine)
     kicked: list[bool] = []

@@ -1,4 +1,4 @@
-"""How long to wait before asking the API server again after a failure.
+"""How long to wait before trying again after a failure (an API request, a work item).
 
 Exponential, capped, with jitter: the n-th failure in a row waits a random time
 in ``[c/2, c]``, where ``c = min(cap, base * 2**n)``. The lower half bounds how
@@ -36,7 +36,7 @@ class Backoff:
     def ceiling(self, failures: int) -> float:
         """The longest wait after ``failures`` failures in a row (before this one)."""
         # 2**n grows past any cap quickly; stop computing it there.
-        return min(self.cap, self.base * 2 ** min(failures, 64))
+        return min(self.cap, self.base * float(1 << min(failures, 64)))
 
     def next(self) -> float:
         """The wait after one more failure."""

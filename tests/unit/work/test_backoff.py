@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from cni.kube.backoff import CAP_SECONDS, Backoff
+from cni.work.backoff import CAP_SECONDS, Backoff
 
 
 def waits(backoff: Backoff, n: int) -> list[float]:
