@@ -46,7 +46,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-from cni.k8s import objects  # noqa: E402
+from cni.policy.published import objects  # noqa: E402
 from policy_resolve import APPS, TIERS, namespaces, pods, policies  # noqa: E402
 
 from cni.kube.api import Api  # noqa: E402

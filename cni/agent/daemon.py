@@ -40,6 +40,7 @@ from cni.agent.shard_source import controller_collections
 from cni.agent.state import AgentState, EndpointRecord
 from cni.datapath import after_nat, bpf, endpoint, loader
 from cni.datapath.maps import Datapath
+from cni.datapath.policy_writer import DatapathPolicyWriter
 from cni.datapath.reaper import Reaper
 from cni.kube.api import Api
 from cni.kube.memory import limit_malloc_arenas
@@ -150,7 +151,7 @@ class Agent:
             self.metrics.registry.register(self.routes.collector())
         by_controller = self.resolver == "controller"
         self.enforcer = Enforcer(
-            self.datapath,
+            DatapathPolicyWriter(self.datapath),
             self.state,
             self.node_name,
             self.metrics.observe,
@@ -214,7 +215,7 @@ class Agent:
         state = os.path.join(conf.state_dir, "agent")
         os.makedirs(state, mode=0o700, exist_ok=True)
         prepare_directory(os.path.dirname(conf.agent_socket))
-        self.locks = []
+        self.locks: list[InstanceLock] = []
         for path, what in (
             (os.path.join(state, f"{conf.network}.lock"), f"network {conf.network}"),
             (f"{conf.agent_socket}.lock", f"socket {conf.agent_socket}"),
@@ -325,7 +326,8 @@ class Agent:
 
     def _adopt_endpoints(self) -> list[EndpointRecord]:
         """The endpoints recorded before, whose veths still exist with the same ifindex."""
-        adopted, gone = [], []
+        adopted: list[EndpointRecord] = []
+        gone: list[EndpointRecord] = []
         with node_socket() as node:
             for record in self.state.endpoints():
                 from cni.spec.attachment import node_veth_name

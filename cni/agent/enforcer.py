@@ -19,14 +19,18 @@ Consistency rules:
   DEL: a pod being deleted stays selected by the policies that selected it;
 - a new endpoint's policy is installed before its veth is up (the ADD's
   ``before_up`` hook), so no packet crosses it unjudged;
-- every install is a whole generation switched in one map write
-  (``cni.datapath.policy_install.install_many``); an endpoint's installs are
+- every install is a whole generation switched in one map write (the
+  writer's ``install_many``, ``cni.datapath.interfaces.PolicyWriter``: the
+  only way the enforcer reaches the datapath); an endpoint's installs are
   serialised by its own lock and each computes the policy from the newest
   state, so a slow install can be overtaken, never reverted;
 - every change marks the endpoints it may affect; a worker thread
   reinstalls those whose policy differs from what is installed, the whole
   batch in one ``install_many`` (rule sets shared by content: the agent's
-  registry compiles each once, and new ones are inserted in one batch);
+  writer compiles each once, and new ones are inserted in one batch);
+- only what the writer reports installed is recorded as installed; an
+  endpoint it reports failed stays queued and is tried again, and so does
+  its whole batch when it raises (an OSError may come after some writes);
 - a resolver that lacks part of a pod's inputs (``PolicyIncomplete``: a
   controller's objects not all received) leaves the pod's installed policy
   as it is, and a new endpoint's ADD waits for them.
@@ -43,8 +47,7 @@ from dataclasses import replace
 from typing import Any
 
 from cni.agent.state import AgentState, EndpointRecord
-from cni.datapath import policy_install as datapath_policy
-from cni.datapath.maps import Datapath
+from cni.datapath.interfaces import PolicyWriter
 from cni.policy.errors import PolicyIncomplete
 from cni.policy.model import KubeObject, Pod, PodKey
 from cni.policy.resolve import PodPolicyResolver, PolicyIndex, service_ips
@@ -63,15 +66,13 @@ class NotReady(Exception):
 class Enforcer:
     def __init__(
         self,
-        datapath: Datapath,
+        writer: PolicyWriter,
         state: AgentState,
         node_name: str,
         observe: Callable[[str, float], None] = lambda name, seconds: None,
         index: PodPolicyResolver | None = None,
-        registry: datapath_policy.PolicyRegistry | None = None,
     ) -> None:
-        self.datapath = datapath
-        self.registry = registry or datapath_policy.PolicyRegistry()
+        self.writer = writer  # the datapath, as far as the enforcer sees it
         self.state = state
         self.node_name = node_name
         self.observe = observe  # (what, seconds): metrics
@@ -194,7 +195,7 @@ class Enforcer:
                 self.by_pod.pop(old.pod, None)
             self.endpoints[record.key] = record
             self.installed.pop(record.key, None)  # a new veth: nothing installed on it yet
-            affected: set[PodKey] = set()
+            affected: frozenset[PodKey] = frozenset()
             if record.pod is not None:
                 self.by_pod[record.pod] = record.key
                 affected = self._index_pod(record.pod)
@@ -321,9 +322,14 @@ class Enforcer:
         if not self._ready.is_set():
             return
         services = service_ips(self.index)
-        if services != self._service_ips:
-            self._service_ips = services
-            self.datapath.set_service_ips(services)
+        if services == self._service_ips:
+            return
+        try:
+            self.writer.set_service_addresses(services)
+        except OSError as err:  # kept as unwritten: the next change (or verify) tries again
+            log.error("failed to write the Services' addresses: %s", err)
+            return
+        self._service_ips = services
 
     def _endpoint_lock(self, key: EndpointKey) -> threading.Lock:
         with self.lock:
@@ -383,9 +389,7 @@ class Enforcer:
             crashed: Exception | None = None
             started = time.perf_counter()
             try:
-                installed = datapath_policy.install_many(
-                    self.datapath, desired, self.registry, rejected
-                )
+                installed = self.writer.install_many(desired, rejected)
             except Exception as err:  # the datapath failed: every endpoint stays dirty
                 installed, crashed = {}, err
             elapsed = time.perf_counter() - started
@@ -423,8 +427,8 @@ class Enforcer:
                     self._dirty |= set(batch) & set(self.endpoints)
             # Incomplete inputs keep the installed policy; their arrival marks the pod again.
             failed = {k: e for k, e in failed.items() if not isinstance(e, PolicyIncomplete)}
-            for key, err in failed.items():
-                log.error("failed to install the policy of %s: %s", key, err)
+            for key, error in failed.items():
+                log.error("failed to install the policy of %s: %s", key, error)
             if failed:
                 time.sleep(0.5)  # they stay dirty: try again, not in a tight loop
 

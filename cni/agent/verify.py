@@ -38,6 +38,7 @@ from typing import Any
 from cni.agent.enforcer import NOT_ISOLATED, EndpointKey, Enforcer
 from cni.datapath import readback, ruleset
 from cni.datapath.policy_install import endpoint_flags
+from cni.datapath.policy_writer import DatapathPolicyWriter
 from cni.datapath.structs import DIR_EGRESS, DIR_INGRESS, NONE
 from cni.policy.errors import PolicyIncomplete
 from cni.policy.resolve import service_ips
@@ -102,6 +103,15 @@ def _describe(digest: bytes | None) -> str:
     return "not isolated" if digest is None else f"rule set {digest.hex()[:12]}"
 
 
+def _pinned(enforcer: Enforcer) -> DatapathPolicyWriter:
+    """The enforcer's writer into the pinned maps: what is verified is read back from
+    them, so an enforcer writing anywhere else has nothing to verify."""
+    writer = enforcer.writer
+    if not isinstance(writer, DatapathPolicyWriter):
+        raise TypeError(f"verification reads pinned maps, not a {type(writer).__name__}")
+    return writer
+
+
 def verify(enforcer: Enforcer, wait: float = 5.0) -> tuple[Report, Any]:
     """Compare everything once; (the report, the rebuilt resolver). Raises Busy when the
     enforcer did not stop installing within ``wait`` seconds."""
@@ -119,7 +129,7 @@ def _compare(enforcer: Enforcer) -> tuple[Report, Any]:
     """Call with the enforcer's lock held and no install in flight."""
     started = time.perf_counter()
     report = Report()
-    datapath = enforcer.datapath
+    datapath = _pinned(enforcer).datapath
     rebuilt = enforcer.index.rebuilt()
     live = datapath.endpoints()
     peer_maps, rule_maps = readback.inner_map_ids(datapath)
@@ -253,7 +263,7 @@ def repair(enforcer: Enforcer, report: Report, rebuilt: Any) -> None:
     endpoints are installed again (rule sets whose maps lie dropped from the index
     first), addresses registered again, the ClusterIPs written again."""
     kinds = {d.kind for d in report.differences}
-    datapath = enforcer.datapath
+    datapath = _pinned(enforcer).datapath
     with enforcer.lock:
         if "resolver" in kinds:
             enforcer.replace_index(rebuilt)
@@ -276,7 +286,8 @@ def repair(enforcer: Enforcer, report: Report, rebuilt: Any) -> None:
 def _unindex_lying_rule_sets(enforcer: Enforcer) -> None:
     """Drop from the pinned index every rule set whose maps do not hold what its digest
     names (a reinstall would reuse them otherwise)."""
-    datapath = enforcer.datapath
+    writer = _pinned(enforcer)
+    datapath = writer.datapath
     with datapath.lock:
         peer_maps, rule_maps = readback.inner_map_ids(datapath)
         for digest, policy_id in datapath.policy_index().items():
@@ -289,7 +300,7 @@ def _unindex_lying_rule_sets(enforcer: Enforcer) -> None:
                     "rule set %s (policy id %d) drifted: rebuilt", digest.hex()[:12], policy_id
                 )
                 datapath.unindex_policy(digest)
-                enforcer.registry.forget(digest)
+                writer.registry.forget(digest)
 
 
 class Verifier:

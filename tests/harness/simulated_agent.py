@@ -1,5 +1,6 @@
 """A node agent without a kernel: the agent's real sources and enforcer for one node,
-with a datapath that only records what would have been installed.
+writing into a datapath in memory (``tests.harness.fake_datapath``) that records
+what would have been installed.
 
 For tests and benchmarks against a real API server with nodes that do not exist:
 ``SimulatedAgent(api, node, resolver)`` watches what ``sluicectl agent --resolver
@@ -10,13 +11,9 @@ waits, as a real ADD does, until the pod's policy can be computed).
 from __future__ import annotations
 
 import itertools
-import threading
-import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 
-from cni.agent import enforcer as enforcer_module
 from cni.agent.enforcer import Enforcer
 from cni.agent.kube_source import COLLECTIONS, KubernetesSource
 from cni.agent.shard_source import controller_collections
@@ -25,58 +22,16 @@ from cni.kube.api import Api
 from cni.policy.model import PodKey
 from cni.policy.published.index import ShardIndex
 from cni.policy.vocabulary import EndpointPolicy
+from tests.harness.fake_datapath import FakeDatapath, Install
 
-
-@dataclass(frozen=True)
-class Install:
-    at: float  # time.monotonic()
-    ifindex: int
-    policy: EndpointPolicy
-
-
-class RecordingDatapath:
-    """What the enforcer calls on a datapath, recorded."""
-
-    def __init__(self) -> None:
-        self.installs: list[Install] = []
-        self.current: dict[int, EndpointPolicy] = {}
-        self.service_ips: frozenset[str] = frozenset()
-        self.changed = threading.Condition()
-        self._generations = itertools.count(1)
-
-    def install(self, ifindex: int, policy: EndpointPolicy) -> int:
-        with self.changed:
-            self.installs.append(Install(time.monotonic(), ifindex, policy))
-            self.current[ifindex] = policy
-            self.changed.notify_all()
-        return next(self._generations)
-
-    def set_service_ips(self, ips: Iterable[str]) -> None:
-        self.service_ips = frozenset(ips)
-
-    def close(self) -> None:
-        pass
-
-
-def _recording_install_many(
-    datapath: RecordingDatapath,
-    wanted: Mapping[int, EndpointPolicy],
-    registry: object = None,
-    failed: object = None,
-) -> dict[int, int]:
-    """``cni.datapath.policy_install.install_many`` into a RecordingDatapath."""
-    return {ifindex: datapath.install(ifindex, policy) for ifindex, policy in wanted.items()}
+__all__ = ["FakeDatapath", "Install", "NullState", "SimulatedAgent", "recorded_installs"]
 
 
 @contextmanager
 def recorded_installs() -> Iterator[None]:
-    """Enforcers install into their RecordingDatapath while this lasts (process-wide)."""
-    real = enforcer_module.datapath_policy.install_many
-    enforcer_module.datapath_policy.install_many = _recording_install_many  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        enforcer_module.datapath_policy.install_many = real  # type: ignore[assignment]
+    """Nothing to arrange: every SimulatedAgent's enforcer writes into its own
+    FakeDatapath (``agent.datapath``). Kept for the callers that wrap their agents."""
+    yield
 
 
 class NullState:
@@ -96,10 +51,10 @@ class SimulatedAgent:
         self.api = api
         self.node = node
         self.resolver = resolver
-        self.datapath = RecordingDatapath()
+        self.datapath = FakeDatapath()
         index = ShardIndex(node) if resolver == "controller" else None
         self.enforcer = Enforcer(
-            self.datapath,  # type: ignore[arg-type]
+            self.datapath,
             NullState(),  # type: ignore[arg-type]
             node,
             index=index,

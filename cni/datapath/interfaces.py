@@ -1,0 +1,43 @@
+"""What the agent's enforcer needs of the datapath, as a Protocol.
+
+The enforcer (``cni.agent.enforcer``) decides which policy each endpoint must
+have; the datapath makes it the live one in the kernel's maps. Between the two
+is ``PolicyWriter``: the enforcer holds one and calls nothing else of the
+datapath. On a node it is ``cni.datapath.policy_writer.DatapathPolicyWriter``
+(the pinned maps, rule sets shared by content); in tests it is an in-memory
+writer that records what it was given and can fail a write as the kernel can,
+so the enforcer's ordering and failure handling are tested without root.
+
+A writer's failures come in two kinds, handled differently by the enforcer:
+
+- an endpoint whose policy cannot be installed (rules that do not compile, an
+  ifindex that is no endpoint) is left as it is and reported in ``failed``;
+  the other endpoints of the batch are installed;
+- an ``OSError`` (a map write the kernel refused) ends the batch: some of its
+  endpoints may have been switched already, none is reported installed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Protocol
+
+from cni.policy.vocabulary import EndpointPolicy, PolicyError
+
+
+class PolicyWriter(Protocol):
+    """Installs endpoints' policies and the Services' addresses in a datapath."""
+
+    def install_many(
+        self, wanted: Mapping[int, EndpointPolicy], failed: dict[int, PolicyError]
+    ) -> dict[int, int]:
+        """Make each ``wanted[ifindex]`` that endpoint's live policy, in one write per
+        endpoint; return {ifindex: generation} of those installed. An endpoint that
+        cannot have its policy is left as it is and put in ``failed``; OSError when
+        the datapath refuses a write."""
+        ...
+
+    def set_service_addresses(self, addresses: Iterable[str]) -> None:
+        """Make ``addresses`` the set of Service ClusterIPs that egress rules let
+        through; one that stays in the set is never absent meanwhile."""
+        ...
