@@ -52,11 +52,14 @@ from cni.policy.errors import PolicyIncomplete
 from cni.policy.model import KubeObject, Pod, PodKey
 from cni.policy.resolve import PodPolicyResolver, PolicyIndex, service_ips
 from cni.policy.vocabulary import EndpointPolicy, PolicyError
+from cni.work.queue import Worker, WorkQueue
 
 log = logging.getLogger("sluice.agent")
 
 EndpointKey = tuple[str, str]  # (container id, ifname)
 NOT_ISOLATED = EndpointPolicy()
+PASS = "install"  # the work queue's one key
+RETRY_SECONDS = 0.5  # a pass that left endpoints dirty comes again this soon
 
 
 class NotReady(Exception):
@@ -89,15 +92,16 @@ class Enforcer:
         self._endpoint_locks: dict[EndpointKey, threading.Lock] = {}
         self._dirty: set[EndpointKey] = set()
         self._installing: set[EndpointKey] = set()  # in an install_many now
-        self._wake = threading.Condition(self.lock)
+        # One key: a pass installs every dirty endpoint in one batch, so changes during
+        # a pass make one more pass after it.
+        self._passes: WorkQueue[str] = WorkQueue()
+        self._worker = Worker("enforcer", self._passes, self._pass, log)
         self._ready = threading.Event()
         self._service_ips: frozenset[str] | None = None
         # A source that knows every pod (the API): a pod it does not know yet is not
         # wired, since its labels, and so its policy, are unknown.
         self.require_known_pods = False
         self._pods_known = threading.Condition(self.lock)
-        self._stopping = False
-        self._worker: threading.Thread | None = None
 
     # -- life cycle --------------------------------------------------------------------
 
@@ -109,7 +113,6 @@ class Enforcer:
                 self.endpoints[record.key] = record
                 if record.pod is not None:
                     self.by_pod[record.pod] = record.key
-        self._worker = threading.Thread(target=self._work, name="enforcer", daemon=True)
         self._worker.start()
 
     def mark_ready(self) -> None:
@@ -121,7 +124,7 @@ class Enforcer:
             self._dirty |= set(self.endpoints)
             self._ready.set()
             self._write_service_ips()
-            self._wake.notify()
+        self._passes.add(PASS)
 
     @property
     def ready(self) -> bool:
@@ -132,11 +135,7 @@ class Enforcer:
             raise NotReady("the agent's policy sources have not synced yet")
 
     def stop(self) -> None:
-        with self.lock:
-            self._stopping = True
-            self._wake.notify()
-        if self._worker is not None:
-            self._worker.join(timeout=10)
+        self._worker.stop(timeout=10)
 
     # -- sources -----------------------------------------------------------------------
 
@@ -312,7 +311,7 @@ class Enforcer:
     def _queue(self, keys: set[EndpointKey]) -> None:
         if keys:
             self._dirty |= keys
-            self._wake.notify()
+            self._passes.add(PASS)
         self._write_service_ips()
 
     def _write_service_ips(self) -> None:
@@ -411,26 +410,24 @@ class Enforcer:
         log.debug("installed %d policies in %.1f ms", len(installed), elapsed * 1000)
         return generations, failed
 
-    def _work(self) -> None:
-        while True:
+    def _pass(self, _key: str) -> float | None:
+        """Install every dirty endpoint's policy in one batch; those that fail stay
+        dirty and the pass comes again after RETRY_SECONDS (not in a tight loop)."""
+        with self.lock:
+            if not (self._ready.is_set() and self._dirty):
+                return None  # mark_ready, or the next change, adds the pass again
+            batch = sorted(self._dirty)
+        try:
+            _, failed = self._enforce_many(batch)
+        except Exception as err:  # keep going; the endpoints stay dirty
+            failed = dict.fromkeys(batch, err)
             with self.lock:
-                while not self._stopping and not (self._ready.is_set() and self._dirty):
-                    self._wake.wait()
-                if self._stopping:
-                    return
-                batch = sorted(self._dirty)
-            try:
-                _, failed = self._enforce_many(batch)
-            except Exception as err:  # keep going; the endpoints stay dirty
-                failed = dict.fromkeys(batch, err)
-                with self.lock:
-                    self._dirty |= set(batch) & set(self.endpoints)
-            # Incomplete inputs keep the installed policy; their arrival marks the pod again.
-            failed = {k: e for k, e in failed.items() if not isinstance(e, PolicyIncomplete)}
-            for key, error in failed.items():
-                log.error("failed to install the policy of %s: %s", key, error)
-            if failed:
-                time.sleep(0.5)  # they stay dirty: try again, not in a tight loop
+                self._dirty |= set(batch) & set(self.endpoints)
+        # Incomplete inputs keep the installed policy; their arrival marks the pod again.
+        failed = {k: e for k, e in failed.items() if not isinstance(e, PolicyIncomplete)}
+        for key, error in failed.items():
+            log.error("failed to install the policy of %s: %s", key, error)
+        return RETRY_SECONDS if failed else None
 
     # -- views ------------------------------------------------------------------------------
 
