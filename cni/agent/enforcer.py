@@ -18,7 +18,8 @@ Consistency rules:
   is up until the CNI DEL) keeps its last known labels and ports until that
   DEL: a pod being deleted stays selected by the policies that selected it;
 - a new endpoint's policy is installed before its veth is up (the ADD's
-  ``before_up`` hook), so no packet crosses it unjudged;
+  policy step, ``cni.plugin.verbs.add.PolicyStep``), so no packet crosses it
+  unjudged;
 - every install is a whole generation switched in one map write (the
   writer's ``install_many``, ``cni.datapath.interfaces.PolicyWriter``: the
   only way the enforcer reaches the datapath); an endpoint's installs are

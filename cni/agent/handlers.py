@@ -25,6 +25,7 @@ from cni.datapath.maps import Datapath
 from cni.plugin import frames, ipam_client, netconf, release
 from cni.plugin.netconf import NetConf
 from cni.plugin.verbs import add, check, delete, gc, status
+from cni.spec.attachment import Attachment
 from cni.spec.call import execute
 from cni.spec.errors import (
     ERR_CHECK_FAILED,
@@ -150,23 +151,6 @@ class RequestHandlers:
         self._require_ready()
         attachment = request.attachment
         self.retirer.wait(attachment.key)  # a DEL's veth of the same name is gone first
-        registered = False
-
-        def before_up(ifindex: int, ips: list[str]) -> None:
-            nonlocal registered
-            record = EndpointRecord(
-                attachment.container_id,
-                attachment.ifname,
-                ifindex,
-                tuple(ips),
-                attachment.pod_namespace,
-                attachment.pod_name,
-            )
-            registered = True
-            try:
-                self.enforcer.endpoint_up(record, READY_WAIT)
-            except NotReady as err:
-                raise CNIError(ERR_TRY_AGAIN, str(err)) from None
 
         def run_add() -> Result:
             return add.add(
@@ -176,25 +160,20 @@ class RequestHandlers:
                 requested_mac(request),
                 datapath=self.datapath,
                 allocators=self.allocators,
-                before_up=before_up,
+                policy=EnforcedPolicy(self.enforcer, attachment),
             )
 
+        finished, _ = self.retirer.progress()
         try:
-            finished, _ = self.retirer.progress()
-            try:
-                result = run_add()
-            except CNIError as err:
-                # Addresses of answered DELs may have been on their way back: once
-                # they are, the pool may have room again.
-                now_finished, pending = self.retirer.progress()
-                if err.code != ERR_NO_ADDRESS or not (pending or now_finished != finished):
-                    raise
-                self.retirer.drain()
-                result = run_add()
-        except BaseException:
-            if registered:  # the ADD was undone: so is the endpoint
-                self.enforcer.endpoint_gone(attachment.key)
-            raise
+            result = run_add()
+        except CNIError as err:
+            # Addresses of answered DELs may have been on their way back: once they
+            # are, the pool may have room again.
+            now_finished, pending = self.retirer.progress()
+            if err.code != ERR_NO_ADDRESS or not (pending or now_finished != finished):
+                raise
+            self.retirer.drain()
+            result = run_add()
         return result.to_json(request.cni_version)
 
     def _check_policy(self, key: tuple[str, str]) -> None:
@@ -315,3 +294,29 @@ class RequestHandlers:
         if request.get("repair") and report.differences:
             verify.repair(self.enforcer, report, rebuilt)
         return {"report": report.to_json()}
+
+
+class EnforcedPolicy:
+    """ADD's policy step through the enforcer: the endpoint is tracked and its policy
+    installed before the veth is up; ``remove`` forgets it when the ADD is undone."""
+
+    def __init__(self, enforcer: Enforcer, attachment: Attachment) -> None:
+        self.enforcer = enforcer
+        self.attachment = attachment
+
+    def install(self, ifindex: int, ips: list[str]) -> None:
+        record = EndpointRecord(
+            self.attachment.container_id,
+            self.attachment.ifname,
+            ifindex,
+            tuple(ips),
+            self.attachment.pod_namespace,
+            self.attachment.pod_name,
+        )
+        try:
+            self.enforcer.endpoint_up(record, READY_WAIT)
+        except NotReady as err:
+            raise CNIError(ERR_TRY_AGAIN, str(err)) from None
+
+    def remove(self) -> None:
+        self.enforcer.endpoint_gone(self.attachment.key)

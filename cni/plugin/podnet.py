@@ -10,12 +10,17 @@ traffic on a node also goes through the node, keeping its source address.
 The node-side veth has no address; traffic from the node to a pod leaves
 with the node's own address.
 
-Everything here takes plain values (names, addresses, route specs) and the
-open datapath handle of the caller's process.
+ADD takes three steps here, in this order (``cni/plugin/verbs/add.py``):
+``create_pair`` (a ``VethPlan`` in, a ``MadePair`` out, its programs
+attaching meanwhile), ``register`` (the endpoint's entries, once its
+``Addressing`` is known) and ``bring_up``; ``remove_pair`` undoes all three.
+Everything takes plain values and the open datapath handle of the caller's
+process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import threading
 from collections.abc import Callable
@@ -41,6 +46,27 @@ class VethPair(NamedTuple):
     pod_ifname: str  # inside the pod's namespace
 
 
+class VethPlan(NamedTuple):
+    """The pair to make: its names, MTU, the pod end's MAC (None: the kernel's) and
+    how the programs attach (tcx, else tc)."""
+
+    pair: VethPair
+    mtu: int
+    pod_mac: str | None
+    tcx: bool
+
+
+class Addressing(NamedTuple):
+    """The pod's addresses (CIDRs, the subnet's prefix length) and its routes."""
+
+    addresses: list[str]
+    routes: list[RouteSpec]
+
+    @property
+    def ips(self) -> list[str]:
+        return [str(ipaddress.ip_interface(cidr).ip) for cidr in self.addresses]
+
+
 def pod_routes(requested: list[RouteSpec]) -> list[RouteSpec]:
     """Requested IPv4 routes sent through the gateway, with a default route when none is."""
     routes = [
@@ -53,28 +79,28 @@ def pod_routes(requested: list[RouteSpec]) -> list[RouteSpec]:
     return routes
 
 
+class MadePair(NamedTuple):
+    plan: VethPlan
+    ifindex: int  # the node-side veth's
+    attaching: Attaching
+
+
 def create_pair(
-    node: Rtnl,
-    pod: Rtnl,
-    pod_netns_fd: int,
-    pair: VethPair,
-    mtu: int,
-    pod_mac: str | None,
-    datapath: Datapath,
-    tcx: bool = True,
-) -> tuple[int, Attaching]:
+    node: Rtnl, pod: Rtnl, pod_netns_fd: int, veth: VethPlan, datapath: Datapath
+) -> MadePair:
     """Create the pair, both ends down, and start attaching the programs to its node
-    end; return the node-side veth's ifindex and the attaching.
+    end.
 
     Every netlink request (even a read) waits while an attach holds the RTNL
     lock, so the caller does its other work before it asks netlink anything."""
+    pair = veth.pair
     node_index = link.create_veth(
-        node, pair.node_veth, pair.alias, pair.pod_ifname, pod_netns_fd, mtu, pod_mac
+        node, pair.node_veth, pair.alias, pair.pod_ifname, pod_netns_fd, veth.mtu, veth.pod_mac
     )
     # Before the attach: the kernel takes the RTNL lock for disable_ipv6 by trylock,
     # restarting the write in a busy loop while an attach holds it.
     endpoint.no_ipv6_from_pod(pair.node_veth)
-    return node_index, Attaching(datapath, node_index, pair.node_veth, tcx)
+    return MadePair(veth, node_index, Attaching(datapath, node_index, pair.node_veth, veth.tcx))
 
 
 class Attaching:
@@ -106,47 +132,50 @@ class Attaching:
             raise self.error
 
 
-def connect(
-    node: Rtnl,
-    pod: Rtnl,
-    node_index: int,
-    pair: VethPair,
-    addresses: list[str],
-    routes: list[RouteSpec],
-    datapath: Datapath,
-    attaching: Attaching,
-    before_up: Callable[[int], None] | None = None,
-) -> tuple[link.Link, link.Link]:
-    """Configure a pair made by ``create_pair``, bring it up and return its
-    (node-side, pod-side) links.
+def register(datapath: Datapath, made: MadePair, addressing: Addressing) -> None:
+    """The endpoint's entries (its addresses: any other source is spoofed), while the
+    programs attach; ``remove_pair`` removes them with the pair."""
+    endpoint.register(datapath, made.ifindex, made.plan.pair.node_veth, addressing.ips)
 
-    The endpoint is registered and ``before_up`` runs with the node-side veth's
-    ifindex (e.g. to install the pod's policy) while the programs attach; the
-    pair goes up only once both are done, so no packet ever crosses it unjudged.
-    """
+
+def bring_up(
+    node: Rtnl, pod: Rtnl, made: MadePair, addressing: Addressing
+) -> tuple[link.Link, link.Link]:
+    """Address the pod end, wait for the programs, bring the pair up with its routes;
+    return its (node-side, pod-side) links. The caller has registered the endpoint
+    and installed its policy: no packet ever crosses the pair unjudged."""
+    pair = made.plan.pair
     ifname = pair.pod_ifname
-    pod_ips = [str(ipaddress.ip_interface(cidr).ip) for cidr in addresses]
-    endpoint.register(datapath, node_index, pair.node_veth, pod_ips)
-    if before_up is not None:
-        before_up(node_index)
     pod_link = link.get_link(pod, ifname)
-    node_link = link.link_by_index(node, node_index)
+    node_link = link.link_by_index(node, made.ifindex)
     if pod_link is None or node_link is None:
         raise RuntimeError(f"veth {pair.node_veth}/{ifname} vanished after creation")
-    for cidr in addresses:
+    for cidr in addressing.addresses:
         addr.add_address(pod, pod_link.index, ifname, cidr)
-    attaching.wait()
+    made.attaching.wait()
 
     link.set_up(pod, pod_link.index, ifname)
     route.add_route(pod, pod_link.index, ifname, RouteSpec(dst=f"{GATEWAY}/32"))
     addr.add_permanent_neighbor(pod, pod_link.index, ifname, GATEWAY, link.NODE_VETH_MAC)
-    for r in routes:
+    for r in addressing.routes:
         route.add_route(pod, pod_link.index, ifname, r)
 
     link.set_up(node, node_link.index, node_link.name)
-    for ip in pod_ips:
+    for ip in addressing.ips:
         route.add_route_to_pod(node, node_link.index, node_link.name, ip)
     return node_link, pod_link
+
+
+def remove_pair(node: Rtnl, made: MadePair, datapath: Datapath, ips: list[str]) -> None:
+    """Undo ``create_pair``, ``register`` and ``bring_up``: once the programs' attach
+    is over (never remove a veth a thread still works on), the pair, its routes
+    and its endpoint go. ``ips``: the pod's addresses, if it got them."""
+    with contextlib.suppress(BaseException):
+        made.attaching.wait()
+    veth = link.get_link(node, made.plan.pair.node_veth)
+    if veth is None:
+        return
+    disconnect(node, veth, datapath, sorted({*ips, *node_routed_ips(node, veth)}))
 
 
 def node_routed_ips(node: Rtnl, node_link: link.Link) -> list[str]:

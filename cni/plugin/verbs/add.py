@@ -1,8 +1,9 @@
-"""ADD: allocate the pod's address, wire its veth, masquerade, report the result.
+"""ADD: the pod's veth pair, its address, masquerading and its policy, then up.
 
-Every step after the IPAM allocation is undone if a later one fails (or the
-process is told to stop), so a failed ADD leaves no veth, route, masquerade
-entry or address behind.
+``add`` reads top to bottom as the steps it takes. Each step registers how to
+undo it as it is taken (``Undo``); a failure, or a SIGTERM noticed between
+steps, runs those undos backwards, so a failed ADD leaves no veth, route,
+endpoint, policy, masquerade entry or address behind.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import _signal
 import contextlib
 import ipaddress
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from cni.datapath.maps import Datapath
 from cni.net import link, masq, sysctl
@@ -32,13 +33,17 @@ from cni.spec.errors import (
 )
 from cni.spec.log import logger
 from cni.spec.protocol import Request, prev_result, requested_mac
-from cni.spec.result import Interface, IPConfig, Result, Route, chain
+from cni.spec.result import DNS, Interface, IPConfig, Result, Route, chain
 
 log = logger("sluice")
 
-# Runs with the node-side veth's ifindex and the pod's addresses once the datapath
-# is attached and before the pair is up (the agent installs the pod's policy there).
-BeforeUp = Callable[[int, list[str]], None]
+
+class PolicyStep(Protocol):
+    """The pod's policy, installed while its veth is still down (the agent's enforcer).
+    ``remove`` undoes ``install``, one that failed halfway too."""
+
+    def install(self, ifindex: int, ips: list[str]) -> None: ...
+    def remove(self) -> None: ...
 
 
 def run(request: Request) -> dict[str, Any]:
@@ -67,76 +72,145 @@ def add(
     datapath: Datapath,
     allocators: ipam_client.KeptAllocators | None = None,
     stop: Callable[[], None] = lambda: None,
-    before_up: BeforeUp | None = None,
+    policy: PolicyStep | None = None,
 ) -> Result:
     """Wire the attachment and return its result chained onto ``prev``.
 
     ``datapath``: the process's handle on the network's datapath; ``allocators``:
-    the IPAM allocators a long-lived caller keeps open. ``stop`` is called between
-    steps and may raise to abort (everything done so far is undone).
+    the IPAM allocators a long-lived caller keeps open; ``policy``: the pod's
+    policy (the agent's; none without one). ``stop`` is called between steps and
+    may raise to abort (everything done so far is undone).
     """
-    with (
-        open_pod_netns(attachment.netns) as netns,
-        node_socket() as node,
-        pod_socket(netns) as pod,
-        ipam_client.client(conf.ipam, conf.cni_version, allocators) as ipam,
-    ):
-        if link.get_link(pod, attachment.ifname) is not None:
-            raise CNIError(
-                ERR_INVALID_ENV,
-                f'interface "{attachment.ifname}" already exists in netns "{attachment.netns}"',
-            )
+    with contextlib.ExitStack() as opened:
+        netns = opened.enter_context(open_pod_netns(attachment.netns))
+        node = opened.enter_context(node_socket())
+        pod = opened.enter_context(pod_socket(netns))
+        ipam = opened.enter_context(ipam_client.client(conf.ipam, conf.cni_version, allocators))
+        refuse_existing_interface(pod, attachment)
         remove_leftover_veth(node, conf, attachment, datapath)
-        mtu = conf.mtu or (
-            (link.default_route_mtu(node) or podnet.DEFAULT_MTU) - conf.encapsulation_overhead
+        veth = podnet.VethPlan(
+            podnet.VethPair(attachment.node_veth, attachment.alias, attachment.ifname),
+            pod_mtu(conf, node),
+            mac,
+            tcx=conf.datapath.attach == "tcx",
         )
         ensure_datapath(conf, datapath)
         stop()
-        pair = podnet.VethPair(attachment.node_veth, attachment.alias, attachment.ifname)
-        allocated = False
-        addresses: list[str] = []
-        attaching: podnet.Attaching | None = None
-        try:
-            # The pair first, so that its programs attach (the kernel's grace periods)
-            # while the address is allocated and the policy installed; it stays down
-            # until all of that is done.
-            node_index, attaching = podnet.create_pair(
-                node, pod, netns.fd, pair, mtu, mac, datapath, conf.datapath.attach == "tcx"
+
+        with Undo(attachment.alias) as undo:
+            lease = Lease(ipam, attachment)
+            # Registered first, so undone last: the address is free again only once
+            # no veth routes it.
+            undo.push("release the address", lease.release)
+            # The pair before the address, so that its programs attach (the kernel's
+            # grace periods) while the address is allocated and the policy installed.
+            made = podnet.create_pair(node, pod, netns.fd, veth, datapath)
+            undo.push(
+                "remove the veth", lambda: podnet.remove_pair(node, made, datapath, lease.ips)
             )
-            ipam_result, allocated = ipam.add(attachment)
+            addressing = lease.take()
             stop()
-            addresses = pod_addresses(ipam_result)
-            ips = [a.split("/")[0] for a in addresses]
-            cluster = conf.cluster_cidr or ipaddress.IPv4Interface(addresses[0]).network
-            routes = podnet.pod_routes([route_spec(r) for r in ipam_result.routes])
             sysctl.ensure("net.ipv4.ip_forward", "1")
             if conf.ip_masq:
-                masq.add(conf.network, cluster, ips)
-            hook = None
-            if before_up is not None:
-                hook = lambda ifindex: before_up(ifindex, ips)  # noqa: E731
-            node_link, pod_link = podnet.connect(
-                node, pod, node_index, pair, addresses, routes, datapath, attaching, hook
-            )
+                undo.push("stop masquerading", lambda: masq.remove(conf.network, addressing.ips))
+                masq.add(conf.network, cluster_range(conf, addressing), addressing.ips)
+            podnet.register(datapath, made, addressing)  # removed with the pair
+            if policy is not None:
+                undo.push("forget the pod's policy", policy.remove)
+                policy.install(made.ifindex, addressing.ips)
+            node_link, pod_link = podnet.bring_up(node, pod, made, addressing)
             stop()
-        except BaseException:
-            if attaching is not None:
-                with contextlib.suppress(BaseException):
-                    attaching.wait()  # never remove a veth the thread still works on
-            rollback(node, conf, attachment, datapath, ipam, allocated, addresses)
-            raise
+            undo.commit()
 
     ours = Result(
         conf.cni_version,
         interfaces=[
-            Interface(node_link.name, node_link.mac, mtu),
-            Interface(pod_link.name, pod_link.mac, mtu, sandbox=attachment.netns),
+            Interface(node_link.name, node_link.mac, veth.mtu),
+            Interface(pod_link.name, pod_link.mac, veth.mtu, sandbox=attachment.netns),
         ],
-        ips=[IPConfig(a, podnet.GATEWAY, interface=1) for a in addresses],
-        routes=[result_route(r) for r in routes],
-        dns=conf.dns if not conf.dns.is_empty() else ipam_result.dns,
+        ips=[IPConfig(a, podnet.GATEWAY, interface=1) for a in addressing.addresses],
+        routes=[result_route(r) for r in addressing.routes],
+        dns=conf.dns if not conf.dns.is_empty() else lease.dns(),
     )
     return chain(prev, ours)
+
+
+class Undo:
+    """The undo of each step taken, run backwards when the block fails; each runs even
+    if an earlier one fails (logged), and the block's own error is what propagates."""
+
+    def __init__(self, subject: str) -> None:
+        self.subject = subject
+        self._steps = contextlib.ExitStack()
+
+    def __enter__(self) -> Undo:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._steps.close()  # after commit(): empty
+
+    def push(self, what: str, undo: Callable[[], object]) -> None:
+        def best_effort() -> None:
+            try:
+                undo()
+            except Exception as err:
+                log.error("rollback of %s: failed to %s: %s", self.subject, what, err)
+
+        self._steps.callback(best_effort)
+
+    def commit(self) -> None:
+        """Every step done: nothing is undone."""
+        self._steps.pop_all()
+
+
+class Lease:
+    """The attachment's addresses from its IPAM. ``release`` gives them back only if
+    this ADD allocated them: a repeated ADD finds them allocated and keeps them."""
+
+    def __init__(self, ipam: ipam_client.IPAM, attachment: Attachment) -> None:
+        self.ipam = ipam
+        self.attachment = attachment
+        self.result: Result | None = None
+        self.allocated = False
+
+    def take(self) -> podnet.Addressing:
+        self.result, self.allocated = self.ipam.add(self.attachment)
+        return podnet.Addressing(
+            pod_addresses(self.result),
+            podnet.pod_routes([route_spec(r) for r in self.result.routes]),
+        )
+
+    @property
+    def ips(self) -> list[str]:
+        return [a.split("/")[0] for a in pod_addresses(self.result)] if self.result else []
+
+    def dns(self) -> DNS:
+        assert self.result is not None
+        return self.result.dns
+
+    def release(self) -> None:
+        if self.allocated:
+            self.ipam.delete(self.attachment)
+
+
+def refuse_existing_interface(pod: Rtnl, attachment: Attachment) -> None:
+    if link.get_link(pod, attachment.ifname) is not None:
+        raise CNIError(
+            ERR_INVALID_ENV,
+            f'interface "{attachment.ifname}" already exists in netns "{attachment.netns}"',
+        )
+
+
+def pod_mtu(conf: NetConf, node: Rtnl) -> int:
+    """The configured MTU, else the default route's less what the tunnel adds."""
+    if conf.mtu:
+        return conf.mtu
+    return (link.default_route_mtu(node) or podnet.DEFAULT_MTU) - conf.encapsulation_overhead
+
+
+def cluster_range(conf: NetConf, addressing: podnet.Addressing) -> ipaddress.IPv4Network:
+    """What is not masqueraded: the cluster's pod range, else the pod's subnet."""
+    return conf.cluster_cidr or ipaddress.IPv4Interface(addressing.addresses[0]).network
 
 
 def ensure_datapath(conf: NetConf, datapath: Datapath) -> None:
@@ -185,35 +259,6 @@ def remove_leftover_veth(
     ips = podnet.node_routed_ips(node, existing)
     podnet.disconnect(node, existing, datapath, ips)
     masq.remove(conf.network, ips)
-
-
-def rollback(
-    node: Rtnl,
-    conf: NetConf,
-    attachment: Attachment,
-    datapath: Datapath,
-    ipam: ipam_client.IPAM,
-    allocated: bool,
-    addresses: list[str],
-) -> None:
-    """Best effort: each undo step runs even if an earlier one fails."""
-    ips = {a.split("/")[0] for a in addresses}
-    try:
-        veth = link.get_link(node, attachment.node_veth)
-        if veth is not None:
-            ips.update(podnet.node_routed_ips(node, veth))
-            podnet.disconnect(node, veth, datapath, sorted(ips))
-    except Exception as err:
-        log.error("rollback of %s: failed to remove the veth: %s", attachment.alias, err)
-    try:
-        masq.remove(conf.network, sorted(ips))
-    except Exception as err:
-        log.error("rollback of %s: failed to stop masquerading: %s", attachment.alias, err)
-    if allocated:
-        try:
-            ipam.delete(attachment)
-        except Exception as err:
-            log.error("rollback of %s: failed to release the address: %s", attachment.alias, err)
 
 
 class StopRequest:
