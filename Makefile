@@ -33,6 +33,7 @@ bench: setup k8s-build
 lint: venv
 	$(PY) -m ruff check cni ipam tests bench demo
 	$(PY) -m ruff format --check cni ipam tests bench demo
+	$(PY) -m mypy
 
 setup: deps headers bpffs venv tools
 
