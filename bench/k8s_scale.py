@@ -46,12 +46,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-from cni.policy.published import objects  # noqa: E402
 from policy_resolve import APPS, TIERS, namespaces, pods, policies  # noqa: E402
 
 from cni.kube.api import Api  # noqa: E402
 from cni.policy.model import Pod, PodKey, labels_of  # noqa: E402
 from cni.policy.parse import parse_pod  # noqa: E402
+from cni.policy.published import objects  # noqa: E402
 from cni.policy.published.objects import ADDRESS_SET, POLICY_ENDPOINTS, POLICY_TARGETS  # noqa: E402
 from cni.policy.resolve import PolicyIndex  # noqa: E402
 
