@@ -2,8 +2,9 @@
 
 Informers (``informer``) keep Namespaces, Pods and NetworkPolicies, trimmed to
 what the resolver reads, and the controller's own objects (a digest of each).
-The ``Publisher`` turns every change into what to write; the publishing loop
-writes it, while this process leads (``lease``):
+The ``Publisher`` takes every change (``desired``: the cluster's objects;
+``ledger``: what is published) and plans what to write (``planner``); the
+publishing loop writes it, while this process leads (``lease``):
 
 - nothing is written, and so nothing deleted, before every collection has been
   listed once in this process (a restarted controller starts with empty caches:
@@ -36,14 +37,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from cni.controller.publisher import (
-    ADDRESS_SET_CAPACITY,
-    TARGETS_CAPACITY,
-    Plan,
-    PolicyRecord,
-    Publisher,
-    Write,
-)
+from cni.controller.desired import PolicyRecord
+from cni.controller.planner import ADDRESS_SET_CAPACITY, TARGETS_CAPACITY, Plan, Write
+from cni.controller.publisher import Publisher
 from cni.kube.api import Api, ApiError
 from cni.kube.informer import Informer
 from cni.kube.lease import LEASE_SECONDS, RENEW_DEADLINE_SECONDS, RETRY_SECONDS, LeaderElector
@@ -206,7 +202,7 @@ class Controller:
                     continue
                 if self.synced() and not self._synced_logged:
                     self._synced_logged = True
-                    log.info("every collection is synced: %s", self.publisher.totals())
+                    log.info("every collection is synced: %s", self.publisher.desired.totals())
                 term = self.term
                 if served != term:
                     served = term
@@ -314,8 +310,8 @@ class Controller:
             "status: %s, %s; cluster %s; published %s; %s; pending %s",
             "leading" if self.leading else "standby",
             "synced" if self.synced() else f"not synced ({', '.join(self.unsynced())})",
-            self.publisher.totals(),
-            self.publisher.published_by_kind(),
+            self.publisher.desired.totals(),
+            self.publisher.ledger.count_by_kind(),
             self._written_text(),
-            self.publisher.pending_counts(),
+            self.publisher.desired.changes.counts(),
         )

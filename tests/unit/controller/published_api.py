@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import copy
 import itertools
-from typing import Any
+from typing import Any, Protocol
 
-from cni.controller.publisher import Plan, Publisher
+from cni.controller.planner import Plan
+from cni.controller.publisher import Publisher
 from cni.policy.published import objects
 from cni.policy.published.index import ShardIndex
 from cni.policy.published.objects import (
@@ -17,10 +18,19 @@ from cni.policy.published.objects import (
     POLICY_TARGETS,
     AddressShard,
     PolicyShard,
+    ShardInfo,
     TargetsShard,
 )
 
 Key = tuple[str, str]  # (kind, name)
+
+
+class Observer(Protocol):
+    """What learns of the API's objects: a ``Publisher``, or a ``Ledger`` alone."""
+
+    def observe(self, info: ShardInfo) -> object: ...
+
+    def forget(self, info: ShardInfo) -> object: ...
 
 
 class PublishedStore:
@@ -29,7 +39,7 @@ class PublishedStore:
         self.writes: list[tuple[str, Key]] = []  # (verb, object) of every write, in order
         self._versions = itertools.count(1)
 
-    def apply(self, plan: Plan, publisher: Publisher) -> None:
+    def apply(self, plan: Plan, publisher: Observer) -> None:
         """Carry out the plan and tell the publisher what the API now holds."""
         for write in plan.writes:
             key = write.key

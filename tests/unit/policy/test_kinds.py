@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from cni.controller.publisher import PolicyRecord, Publisher
+from cni.controller.desired import PolicyRecord
+from cni.controller.publisher import Publisher
 from cni.policy.model import Namespace, NetworkPolicy, Pod, Service
 from cni.policy.published.index import ShardIndex
 from cni.policy.published.objects import ADDRESS_SET, AddressSetInfo
