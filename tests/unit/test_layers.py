@@ -90,3 +90,16 @@ def test_ipam_never_imports_cni() -> None:
     for module, path in project_modules().items():
         if module.startswith("ipam"):
             assert not [i for i in imports_of(module, path) if i.split(".")[0] == "cni"], module
+
+
+def test_the_policy_layer_needs_nothing_of_the_datapath() -> None:
+    """What a policy is (``cni.policy.vocabulary``) sits below the datapath, which
+    compiles it; the policy layer itself never reaches into the datapath."""
+    wrong = [
+        f"{module} imports {imported}"
+        for module, path in sorted(project_modules().items())
+        if module.startswith("cni.policy")
+        for imported in sorted(imports_of(module, path))
+        if imported == "cni.datapath" or imported.startswith("cni.datapath.")
+    ]
+    assert wrong == []
