@@ -3,7 +3,7 @@ controller publishes: the address sets each policy reads (``AddressSets``), the
 pods each node's PolicyTargets list and the nodes each policy selects pods on
 (``Targets``), and what changed since the last plan (``Changes``).
 
-Selectors are resolved once, by ``PolicyIndex`` (its groups, kept up to date
+Selectors are resolved once, by ``GroupIndex`` (its groups, kept up to date
 change by change). For each change, what must be written again:
 
 - a pod's update touches, in every address set whose group it changed (joined,
@@ -31,7 +31,7 @@ from cni.policy.kinds import KindHandlers
 from cni.policy.model import Namespace, NetworkPolicy, Pod, PodKey, PolicyKey
 from cni.policy.published import objects
 from cni.policy.published.sets import AddressSetKey, address_sets
-from cni.policy.resolve import PolicyIndex
+from cni.policy.resolve import GroupIndex
 from cni.policy.selectors import target_group
 
 
@@ -53,7 +53,7 @@ class DesiredState:
         self.changes = Changes()
         self.sets = AddressSets(self.changes)
         self.targets = Targets(self.changes)
-        self.index = PolicyIndex(local=False, on_groups_changed=self.sets.groups_changed)
+        self.index = GroupIndex(on_groups_changed=self.sets.groups_changed)
         self._meta: dict[PolicyKey, tuple[str, int]] = {}  # uid, generation
         self._hashes: dict[PodKey, int] = {}  # placement_hash of each pod's name
 

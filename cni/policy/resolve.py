@@ -225,14 +225,10 @@ class PolicyIndex(PodPolicyResolver[KubeObject]):
         self,
         node_name: str | None = None,
         *,
-        local: bool = True,
         on_groups_changed: Callable[[set[PodGroup], set[PodKey] | None], None] | None = None,
     ) -> None:
         super().__init__()
         self.node_name = node_name
-        # False: no pod is local. The controller keeps its groups up to date and
-        # publishes them; it resolves no pod itself.
-        self.local = local
         # Told every group a pod or namespace update changed (members, or their
         # addresses or ports), so that a publisher knows what to write again.
         self.on_groups_changed = on_groups_changed
@@ -274,7 +270,7 @@ class PolicyIndex(PodPolicyResolver[KubeObject]):
     def rebuilt(self) -> PolicyIndex:
         """A fresh index fed every object this one holds, as a restarted agent would
         be: what incremental updates must equal."""
-        fresh = PolicyIndex(self.node_name, local=self.local)
+        fresh = type(self)(self.node_name)
         for namespace in self.store.namespaces.values():
             fresh.upsert_namespace(namespace)
         for pod in self.store.all_pods():
@@ -288,7 +284,7 @@ class PolicyIndex(PodPolicyResolver[KubeObject]):
     # Reading.
 
     def is_local(self, pod: Pod) -> bool:
-        return self.local and not pod.host_network and self.node_name in (None, pod.node_name)
+        return not pod.host_network and self.node_name in (None, pod.node_name)
 
     def local_pods(self) -> frozenset[PodKey]:
         return frozenset(self._local)
@@ -572,6 +568,15 @@ _GROUP_USES: tuple[tuple[Role, Callable[[NetworkPolicy], set[PodGroup]]], ...] =
     ("target", _target_groups),
     ("peer", peer_groups),
 )
+
+
+class GroupIndex(PolicyIndex):
+    """An index with no pod of its own: it keeps every selector's group of pods current
+    for a publisher (``on_groups_changed``: the controller, which publishes the groups
+    and resolves no pod itself)."""
+
+    def is_local(self, pod: Pod) -> bool:
+        return False
 
 
 def service_ips(index: PodPolicyResolver[Any]) -> frozenset[str]:
