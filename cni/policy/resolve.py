@@ -30,7 +30,7 @@ from __future__ import annotations
 import functools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from itertools import chain
 from typing import Any, Generic, TypeVar, cast
 
@@ -48,6 +48,7 @@ from cni.policy.model import (
     Service,
     ServiceKey,
 )
+from cni.policy.ownership import AddressOwnership, held_by_another
 from cni.policy.rules import (
     CompiledPolicy,
     NamedPorts,
@@ -167,19 +168,9 @@ class PodPolicyResolver(ABC, Generic[Fed]):
         return True
 
     def address_held(self, key: PodKey, ips: Iterable[str]) -> str | None:
-        """Why a new endpoint of pod ``key`` with these addresses must wait: the API
-        still gives one of them to another pod (the previous holder, deleted or with
-        its sandbox gone, until its status changes), whose allowances every node
-        would otherwise grant the new pod. None: the addresses are free."""
-        for ip in ips:
-            for other in sorted(self.store.claimants(ip) - {key}):
-                holder = self.store.pod(other)
-                uid = holder.uid if holder is not None else ""
-                return (
-                    f"address {ip} is still pod {other[0]}/{other[1]}'s (uid {uid or '-'}) "
-                    "as the API reports it"
-                )
-        return None
+        """Why a new endpoint of pod ``key`` with these addresses must wait
+        (``cni.policy.ownership.held_by_another``); None: the addresses are free."""
+        return held_by_another(self.store, key, ips)
 
     def resolve(self, key: PodKey) -> ResolvedPolicy:
         """The pod's EndpointPolicy with provenance. KeyError for an unknown pod,
@@ -234,6 +225,7 @@ class PolicyIndex(PodPolicyResolver[KubeObject]):
         self.on_groups_changed = on_groups_changed
         self.groups = PodGroups(self.store)
         self._local: set[PodKey] = set()
+        self.addresses = AddressOwnership(self.store, self._local)
         # Every pod's addresses as datapath peers, shared by every rule that has the pod.
         self._pod_peers: dict[PodKey, tuple[PeerCIDR, ...]] = {}
         self._compiled: dict[PolicyKey, CompiledPolicy] = {}
@@ -317,7 +309,7 @@ class PolicyIndex(PodPolicyResolver[KubeObject]):
         changed |= self.groups.pod_changed(old, pod)
         moved = {pod.key}
         # Pods that claim the same addresses: their share of them may change.
-        contenders = self._contenders(pod.key, (old.ips if old else ()) + pod.ips)
+        contenders = self.addresses.contenders(pod.key, (old.ips if old else ()) + pod.ips)
         changed |= self._readdress(contenders, moved)
         affected = self._users_of(changed, moved)
         if old is not None and was_local:
@@ -335,40 +327,21 @@ class PolicyIndex(PodPolicyResolver[KubeObject]):
             changed |= self.groups.namespace_changed(key[0])
         self._pod_peers.pop(key, None)
         moved = {key}
-        changed |= self._readdress(self._contenders(key, old.ips), moved)
+        changed |= self._readdress(self.addresses.contenders(key, old.ips), moved)
         affected = self._users_of(changed, moved)
         if key in self._local:
             self._local.discard(key)
             affected.add(key)
         return self._invalidate(affected)
 
-    # Addresses: each belongs to one pod at a time. A pod deleted, or whose sandbox is
-    # gone, keeps its addresses in the API until its status changes, while the node
-    # may already have given one to a new pod: that pod must not inherit the
-    # allowances meant for the previous holder. So an address two pods claim is
-    # neither's peer, unless one of them is wired on this node (the node that
-    # allocated it knows); and a new endpoint's ADD waits while the API still gives
-    # one of its addresses to another pod (``address_held``).
-
-    def _owned_ips(self, pod: Pod) -> tuple[str, ...]:
-        owned = []
-        for ip in pod.ips:
-            others = self.store.claimants(ip) - {pod.key}
-            if not others or (pod.key in self._local and not others & self._local):
-                owned.append(ip)
-        return tuple(owned) if len(owned) != len(pod.ips) else pod.ips
+    # Addresses two pods claim: ``cni.policy.ownership`` says who holds which.
 
     def _peers_owned(self, pod: Pod) -> tuple[PeerCIDR, ...]:
-        owned = self._owned_ips(pod)
-        return pod_peers(pod if owned is pod.ips else replace(pod, ips=owned))
+        return pod_peers(self.addresses.peer_view(pod))
 
     def peer_view(self, pod: Pod) -> Pod:
         """The pod with only the addresses it holds alone (what peers see of it)."""
-        owned = self._owned_ips(pod)
-        return pod if owned is pod.ips else replace(pod, ips=owned)
-
-    def _contenders(self, key: PodKey, ips: Iterable[str]) -> set[PodKey]:
-        return {other for ip in ips for other in self.store.claimants(ip)} - {key}
+        return self.addresses.peer_view(pod)
 
     def _readdress(self, keys: set[PodKey], moved: set[PodKey]) -> set[PodGroup]:
         """Recompute these pods' peers; the groups holding those that changed."""
