@@ -11,7 +11,7 @@ unrouted, its endpoint forgotten); the rest runs here, in two stages:
    kernel wait 20 to 50 ms for RCU callbacks, part of it holding the RTNL
    lock that every other netlink request waits for, and costs CPU; run
    beside the next calls, it made each DEL of a sequence wait for the ones
-   before it (bench/README.md, "Many live pods"). A down,
+   before it (bench/results/add-del.md, "Many live pods"). A down,
    endpoint-less veth carries nothing meanwhile.
 
 An ADD or a repeated DEL of the same attachment waits for both stages of its

@@ -1,6 +1,6 @@
 """The documentation's links lead somewhere, and the README's code map is the layers.
 
-Every relative link in README.md, docs/*.md and bench/README.md must name a
+Every relative link in README.md, docs/*.md, bench/README.md and bench/results/*.md must name a
 file that exists and, when it names a heading of a Markdown page
 (``page.md#heading``), a heading that page has: folding a notes page into the
 reference, or renaming a heading, must not leave a link behind.
@@ -14,7 +14,12 @@ from pathlib import Path
 from tests.unit.test_layers import LAYERS
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "bench" / "README.md"]
+PAGES = [
+    ROOT / "README.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+    ROOT / "bench" / "README.md",
+    *sorted((ROOT / "bench" / "results").glob("*.md")),
+]
 
 FENCE = re.compile(r"^(```|~~~).*?^\1\s*$", re.M | re.S)
 INDENTED = re.compile(r"^(?: {4}|\t).*$", re.M)
