@@ -193,7 +193,7 @@ class Bench:
     def measure(self, config: Config, samples: Samples) -> None:
         if config.programs:
             # Every measurement starts with no flow known: CRR's connections are all new.
-            self.dp.sweep_flows({self.server.ifindex, self.client.ifindex})
+            self.dp.conntrack.sweep({self.server.ifindex, self.client.ifindex})
         for _ in self.ring.drain():
             pass  # events from before (the policy check's probe)
         before = self.drop_counters()

@@ -43,7 +43,7 @@ TARGET = 1.5
 
 def fill(dp: Datapath, ifindex: int, count: int, base: int) -> None:
     """``count`` live entries in the endpoint's table."""
-    fd = dp.open_ct_table(ifindex)
+    fd = dp.conntrack.open_table(ifindex)
     assert fd is not None
     now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
     try:
@@ -97,16 +97,16 @@ def main() -> None:
                        check=True)  # fmt: skip
         stack.callback(subprocess.run, ["ip", "link", "del", anchor], capture_output=True)
         filler = int(Path(f"/sys/class/net/{anchor}/ifindex").read_text())
-        dp.set_endpoint(filler, Endpoint(ip=ip_be("10.214.255.1")))
-        dp.create_ct_table(filler, 131072)
+        dp.endpoints.put(filler, Endpoint(ip=ip_be("10.214.255.1")))
+        dp.conntrack.create_table(filler, 131072)
         per_pod = dp.config().ct_per_endpoint
         for r in range(args.rounds):
             for case in ("empty", "100,000") if r % 2 == 0 else ("100,000", "empty"):
-                dp.sweep_flows([filler])
+                dp.conntrack.sweep([filler])
                 if case != "empty":
                     started = time.monotonic()
                     fill(dp, filler, FILLER_ENTRIES, ip_be("11.0.0.0"))
-                    held = dp.table_fill(filler)
+                    held = dp.conntrack.fill(filler)
                     assert held and held.entries == FILLER_ENTRIES, held
                     print(f"filled in {time.monotonic() - started:.1f} s", file=sys.stderr)
                 for i in range(args.pods):
@@ -122,7 +122,7 @@ def main() -> None:
                         ifindex = int(Path(f"/sys/class/net/{veth}/ifindex").read_text())
                         if case != "empty":
                             fill(dp, ifindex, per_pod, ip_be("12.0.0.0"))
-                            table = dp.table_fill(ifindex)
+                            table = dp.conntrack.fill(ifindex)
                             assert table and table.entries >= per_pod * 0.9, table
                             pod_entries.append(table.entries)
                         env["CNI_COMMAND"] = "DEL"

@@ -158,7 +158,7 @@ class _Scraped(Collector):
     def _datapath(self) -> Iterator[Any]:
         try:
             counters = self.datapath.counters()
-            endpoints = len(self.datapath.endpoints())
+            endpoints = len(self.datapath.endpoints.all())
         except Exception as err:  # the datapath may be reloading
             log.warning("metrics: cannot read the datapath: %s", err)
             return
@@ -175,8 +175,8 @@ class _Scraped(Collector):
             "sluice_datapath_map_entries", "Entries in the datapath's maps.", labels=["map"]
         )
         fill.add_metric(["endpoints"], endpoints)
-        fill.add_metric(["service_ips"], len(self.datapath.service_ips()))
-        fill.add_metric(["policies"], len(self.datapath.policy_ids()))
+        fill.add_metric(["service_ips"], len(self.datapath.network.service_ips()))
+        fill.add_metric(["policies"], len(self.datapath.policies.ids()))
         fill.add_metric(["ct_tables"], len(self.datapath.inner_maps("ct_tables")))
         yield fill
         pool = GaugeMetricFamily(
@@ -228,7 +228,7 @@ class _Scraped(Collector):
         """Every endpoint's conntrack table, counted at most once per CT_REFRESH."""
         with self._tables_lock:
             if time.monotonic() - self._tables_read >= CT_REFRESH:
-                fills = (self.datapath.table_fill(i) for i in self.datapath.ct_tables())
+                fills = (self.datapath.conntrack.fill(i) for i in self.datapath.conntrack.tables())
                 self._tables = [fill for fill in fills if fill is not None]
                 self._tables_read = time.monotonic()
             return self._tables

@@ -73,10 +73,10 @@ class PodRangeKeeper:
         peers = {str(node) for node in remote.values()}
         with self.datapath.lock:
             if not complete:  # add and change only: nothing the view lacks is taken away
-                wanted = {**self.datapath.pod_ranges(), **wanted}
-                peers |= self.datapath.tunnel_peers()
-            self.datapath.set_pod_ranges(wanted)
-            self.datapath.set_tunnel_peers(peers if self.tunnel else ())
+                wanted = {**self.datapath.network.pod_ranges(), **wanted}
+                peers |= self.datapath.network.tunnel_peers()
+            self.datapath.network.set_pod_ranges(wanted)
+            self.datapath.network.set_tunnel_peers(peers if self.tunnel else ())
         self._manage_neighbours(ipr, {ipaddress.IPv4Address(p) for p in peers}, complete)
 
     def _manage_neighbours(

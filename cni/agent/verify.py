@@ -131,7 +131,7 @@ def _compare(enforcer: Enforcer) -> tuple[Report, Any]:
     report = Report()
     datapath = _pinned(enforcer).datapath
     rebuilt = enforcer.index.rebuilt()
-    live = datapath.endpoints()
+    live = datapath.endpoints.all()
     peer_maps, rule_maps = readback.inner_map_ids(datapath)
     read: dict[int, bytes | None] = {}  # policy id -> digest of what its maps hold
     digest = _Digests()
@@ -164,7 +164,7 @@ def _compare(enforcer: Enforcer) -> tuple[Report, Any]:
         for ip in record.ips:
             if ":" in ip:
                 continue  # the datapath is IPv4 only
-            owner = datapath.endpoint_of(ip)
+            owner = datapath.endpoints.owner_of(ip)
             if owner != record.ifindex:
                 report.differences.append(
                     Difference(
@@ -176,7 +176,7 @@ def _compare(enforcer: Enforcer) -> tuple[Report, Any]:
                 )
     if enforcer.ready:
         wanted = service_ips(rebuilt)  # type: ignore[arg-type]
-        have = datapath.service_ips()
+        have = datapath.network.service_ips()
         if have != wanted:
             report.differences.append(
                 Difference(
@@ -273,7 +273,7 @@ def repair(enforcer: Enforcer, report: Report, rebuilt: Any) -> None:
             record = enforcer.endpoints[difference.key]
             if difference.kind == "addresses":
                 with datapath.lock:
-                    datapath.set_endpoint_ips(
+                    datapath.endpoints.add_ips(
                         record.ifindex, [ip for ip in record.ips if ":" not in ip]
                     )
             enforcer.reinstall(difference.key)
@@ -290,7 +290,7 @@ def _unindex_lying_rule_sets(enforcer: Enforcer) -> None:
     datapath = writer.datapath
     with datapath.lock:
         peer_maps, rule_maps = readback.inner_map_ids(datapath)
-        for digest, policy_id in datapath.policy_index().items():
+        for digest, policy_id in datapath.policies.index().items():
             try:
                 compiled = readback.read_direction(peer_maps[policy_id], rule_maps[policy_id])
             except (KeyError, OSError):
@@ -299,7 +299,7 @@ def _unindex_lying_rule_sets(enforcer: Enforcer) -> None:
                 log.warning(
                     "rule set %s (policy id %d) drifted: rebuilt", digest.hex()[:12], policy_id
                 )
-                datapath.unindex_policy(digest)
+                datapath.policies.forget(digest)
                 writer.registry.forget(digest)
 
 

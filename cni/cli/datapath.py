@@ -115,13 +115,13 @@ def show_report(bpf_dir: str) -> dict[str, Any]:
     with _open(bpf_dir) as dp, Rtnl() as ipr:
         links = {msg["index"]: msg for msg in ipr.dump_links()}
         addresses: dict[int, list[str]] = {}
-        for ip, owner_index in sorted(dp.endpoint_ips().items()):
+        for ip, owner_index in sorted(dp.endpoints.ips().items()):
             addresses.setdefault(owner_index, []).append(ip)
         endpoints = []
-        for ifindex, ep in sorted(dp.endpoints().items()):
+        for ifindex, ep in sorted(dp.endpoints.all().items()):
             link = links.get(ifindex)
             owner = parse_alias(link.get("IFLA_IFALIAS")) if link else None
-            table = dp.table_fill(ifindex)
+            table = dp.conntrack.fill(ifindex)
             endpoints.append(
                 {
                     "ifindex": ifindex,

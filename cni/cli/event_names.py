@@ -36,7 +36,7 @@ class PodNames:
     def _load(self) -> None:
         self._loaded = time.monotonic()
         with contextlib.suppress(DatapathMissing):
-            self._endpoints = {i: ip_str(ep.ip) for i, ep in self.datapath.endpoints().items()}
+            self._endpoints = {i: ip_str(ep.ip) for i, ep in self.datapath.endpoints.all().items()}
         if self.state_dir is None:
             return
         pods: dict[str, str] = {}

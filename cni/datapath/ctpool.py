@@ -39,7 +39,7 @@ def take(datapath: Datapath, entries: int) -> int | None:
         bpf.map_delete(fd, slot)
         if found and size.value == entries:
             return slot.value
-        datapath.give_back_table(slot.value)
+        datapath.conntrack.give_back(slot.value)
         datapath.count_releases(tables=1)
 
 

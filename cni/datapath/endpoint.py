@@ -195,23 +195,23 @@ def register(
     if not pod_ips:
         raise CNIError(ERR_KERNEL, f'failed to attach the datapath to "{name}": no pod address')
     try:
-        entries = datapath.ct_capacity()
+        entries = datapath.conntrack.capacity()
         with datapath.lock:
             free = ctpool.take(datapath, entries)
             own_table = free is None
-            slot = datapath.allocate_ct_slots(1)[0] if free is None else free
-            if datapath.endpoint(ifindex) is not None:
-                datapath.delete_endpoint(ifindex)  # of an earlier device with this ifindex
-            datapath.set_endpoint(
+            slot = datapath.conntrack.allocate_slots(1)[0] if free is None else free
+            if datapath.endpoints.get(ifindex) is not None:
+                datapath.endpoints.delete(ifindex)  # of an earlier device with this ifindex
+            datapath.endpoints.put(
                 ifindex, Endpoint(ip=ip_be(pod_ips[0]), flags=flags, ct_slot=slot)
             )
-            datapath.set_endpoint_ips(ifindex, pod_ips)
-            datapath.reset_stats(ifindex)
+            datapath.endpoints.add_ips(ifindex, pod_ips)
+            datapath.endpoints.reset_stats(ifindex)
         if own_table:
             # No free table: insert one, outside the lock (a grace period, which
             # concurrent ADDs wait for at the same time). The entry names the slot
             # already, so no reaper takes the table for garbage.
-            datapath.insert_tables([slot], entries)
+            datapath.conntrack.insert_tables([slot], entries)
         reaper.table_taken(datapath)
     except (bpf.BPFError, DatapathMissing) as err:
         raise CNIError(ERR_KERNEL, f'failed to attach the datapath to "{name}": {err}') from None
@@ -279,7 +279,7 @@ def detach(datapath: Datapath, ifindex: int, ips: list[str] | None = None) -> No
     try:
         with datapath.lock:
             _unpin_links(datapath, ifindex, HOOKS)
-            datapath.delete_endpoint(ifindex, ips)
+            datapath.endpoints.delete(ifindex, ips)
         reaper.after_release(datapath)
     except DatapathMissing:
         with datapath.lock:
@@ -291,7 +291,7 @@ def forget(datapath: Datapath, ifindex: int, ips: list[str] | None = None) -> No
     deleted): with no entry its programs drop every packet, so the caller must have
     cut the pair off (taken it down) or deleted it first. ``ips`` as for ``detach``."""
     try:
-        datapath.delete_endpoint(ifindex, ips)
+        datapath.endpoints.delete(ifindex, ips)
         reaper.after_release(datapath)
     except DatapathMissing:
         pass
@@ -303,7 +303,7 @@ def forget_gone(datapath: Datapath, ips: list[str]) -> None:
     owners: set[int] = set()
     try:
         for ip in ips:
-            owner = datapath.endpoint_of(ip)
+            owner = datapath.endpoints.owner_of(ip)
             if owner is not None:
                 owners.add(owner)
     except DatapathMissing:
@@ -462,9 +462,9 @@ def check(datapath: Datapath, ipr: Rtnl, ifindex: int, name: str, pod_ips: list[
     pod address is registered as its own."""
     try:
         pinned = pinned_programs(datapath)
-        endpoint = datapath.endpoint(ifindex)
-        registered = datapath.endpoint_ips(ifindex)
-        tables = datapath.ct_tables()
+        endpoint = datapath.endpoints.get(ifindex)
+        registered = datapath.endpoints.ips(ifindex)
+        tables = datapath.conntrack.tables()
     except (bpf.BPFError, DatapathMissing) as err:
         raise CNIError(
             ERR_CHECK_FAILED, f'the datapath in "{datapath.bpf_dir}" is not loaded: {err}'
@@ -508,12 +508,12 @@ def sweep(datapath: Datapath, live: set[int] | None = None) -> int:
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(os.path.join(links_dir, pin))
         try:
-            known = datapath.endpoints()
+            known = datapath.endpoints.all()
             gone = [i for i in known if (live is None or i not in live) and not is_live(i)]
             for ifindex in gone:
-                datapath.delete_endpoint(ifindex)
+                datapath.endpoints.delete(ifindex)
                 del known[ifindex]
-            for ip, ifindex in datapath.endpoint_ips().items():
+            for ip, ifindex in datapath.endpoints.ips().items():
                 if ifindex not in known:
                     bpf.map_delete(datapath.fd("ep_by_ip"), ctypes.c_uint32(ip_be(ip)))
             for key in list(datapath.keys("ep_stats", ctypes.c_uint32)):

@@ -265,7 +265,7 @@ def _load(datapath: Datapath, settings: DatapathSettings, stale: list[int] | Non
     try:
         # Config and markers first: the programs' pins are what an ADD looks for.
         datapath.set_config(**settings.config_fields())
-        endpoints = list(datapath.endpoints())
+        endpoints = list(datapath.endpoints.all())
         _pin_markers(bpf_dir, settings)
         for name, function in functions.items():
             # Pin beside, then rename over the old pin: never a moment without one.

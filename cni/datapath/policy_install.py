@@ -79,7 +79,7 @@ def install_many(
     # Outside the lock: the inner maps of rule sets the node does not have (as far as
     # this registry knows, or else the pinned index says).
     unbuilt = [
-        d for d in contents if registry.known_id(d) is None and datapath.find_policy(d) is None
+        d for d in contents if registry.known_id(d) is None and datapath.policies.find(d) is None
     ]
     built = policy_registry.build(registry, contents, unbuilt)
     generations: dict[int, int] = {}
@@ -89,7 +89,7 @@ def install_many(
             ids = policy_registry.resolve_ids(datapath, registry, contents, built)
             released = 0
             for ifindex, (egress, ingress) in digests.items():
-                current = datapath.endpoint(ifindex)
+                current = datapath.endpoints.get(ifindex)
                 if current is None:
                     missing[ifindex] = PolicyError(f"ifindex {ifindex} is not an endpoint")
                     continue
@@ -100,7 +100,7 @@ def install_many(
                 if bytes(new) != bytes(current):
                     # The one write that switches the endpoint to its new policy.
                     new.policy_gen = (current.policy_gen + 1) & 0xFFFFFFFF
-                    datapath.set_endpoint(ifindex, new)
+                    datapath.endpoints.put(ifindex, new)
                     released += sum(
                         1 for d in DIRECTIONS if current.policy(d) not in (NONE, new.policy(d))
                     )

@@ -128,7 +128,7 @@ def resolve_ids(
     ids: dict[bytes, int] = {}
     new: list[bytes] = []
     for digest in contents:
-        pinned = datapath.find_policy(digest)
+        pinned = datapath.policies.find(digest)
         if pinned is None:
             registry.forget(digest)
             new.append(digest)
@@ -138,10 +138,10 @@ def resolve_ids(
     if not new:
         return ids
     built.update(build(registry, contents, [d for d in new if d not in built]))
-    fresh = datapath.allocate_policy_ids(len(new))
-    datapath.insert_policies(fresh, [built[d][0] for d in new], [built[d][1] for d in new])
+    fresh = datapath.policies.allocate_ids(len(new))
+    datapath.policies.insert(fresh, [built[d][0] for d in new], [built[d][1] for d in new])
     for digest, policy_id in zip(new, fresh, strict=True):
-        datapath.index_policy(digest, policy_id)
+        datapath.policies.remember(digest, policy_id)
         registry.confirm(digest, policy_id)
         ids[digest] = policy_id
     return ids

@@ -26,4 +26,4 @@ class DatapathPolicyWriter:
         return policy_install.install_many(self.datapath, wanted, self.registry, failed)
 
     def set_service_addresses(self, addresses: Iterable[str]) -> None:
-        self.datapath.set_service_ips(addresses)
+        self.datapath.network.set_service_ips(addresses)

@@ -129,26 +129,26 @@ def reap(
 
 
 def _pass(datapath: Datapath, pool: int, stock: bool, full: bool) -> Reaped:
-    entries = datapath.ct_capacity()
+    entries = datapath.conntrack.capacity()
     with datapath.lock:
-        endpoints = datapath.endpoints().values()
+        endpoints = datapath.endpoints.all().values()
         used_slots = {ep.ct_slot for ep in endpoints}
         used_ids = {ep.egress_policy for ep in endpoints} | {ep.ingress_policy for ep in endpoints}
         free = ctpool.free_tables(datapath)
         dirty = ctpool.dirty_tables(datapath)
         if full:
-            dirty |= datapath.ct_slots() - used_slots - set(free)
+            dirty |= datapath.conntrack.slots() - used_slots - set(free)
         resized = [slot for slot, size in free.items() if size != entries]
         for slot in resized:
             del free[slot]
         dirty = (dirty | set(resized)) - used_slots - {NONE}
         ctpool.unmark(datapath, resized)  # dirty from now on, for a pass that dies midway
         for slot in resized:
-            datapath.give_back_table(slot)
-        index = datapath.policy_index()
+            datapath.conntrack.give_back(slot)
+        index = datapath.policies.index()
         ids = set(index.values())
         if full:
-            existing = datapath.policy_ids()
+            existing = datapath.policies.ids()
             ids |= existing
             stale = {digest for digest, pid in index.items() if pid not in existing}
         else:
@@ -156,26 +156,26 @@ def _pass(datapath: Datapath, pool: int, stock: bool, full: bool) -> Reaped:
         doomed = ids - used_ids - {NONE}
         for digest, policy_id in index.items():
             if policy_id in doomed or digest in stale:
-                datapath.unindex_policy(digest)
+                datapath.policies.forget(digest)
         datapath.reset_releases()
         wanted = max(0, pool - len(free))
         refill = sorted(dirty)[:wanted]
         delete = sorted(dirty)[wanted:]
-        added = datapath.allocate_ct_slots(wanted - len(refill)) if stock else []
+        added = datapath.conntrack.allocate_slots(wanted - len(refill)) if stock else []
 
     reaped = Reaped()
     if dirty or doomed:
         _grace(datapath)
     if refill or added:
-        datapath.insert_tables(refill + added, entries)
+        datapath.conntrack.insert_tables(refill + added, entries)
         with datapath.lock:
             ctpool.mark_free(datapath, refill + added, entries)
         reaped.refilled, reaped.added = len(refill), len(added)
     if delete or doomed:
         deletions: list[Callable[[], object]] = [
-            functools.partial(datapath.delete_table, slot) for slot in delete
+            functools.partial(datapath.conntrack.delete_table, slot) for slot in delete
         ]
-        deletions += [functools.partial(datapath.delete_policy, pid) for pid in doomed]
+        deletions += [functools.partial(datapath.policies.delete, pid) for pid in doomed]
         _in_parallel(deletions)
         with datapath.lock:
             ctpool.unmark(datapath, delete)
@@ -189,8 +189,8 @@ def _grace(datapath: Datapath) -> None:
         return
     # No membarrier here: a write of a map of maps waits for a grace period too.
     # Slot 0 means "no table", so no endpoint ever reaches this one.
-    datapath.insert_tables([NONE], 1)
-    datapath.delete_table(NONE)
+    datapath.conntrack.insert_tables([NONE], 1)
+    datapath.conntrack.delete_table(NONE)
 
 
 def _in_parallel(calls: Sequence[Callable[[], object]]) -> None:

@@ -34,7 +34,7 @@ SLACK = 0.010  # seconds of noise a shared 2-CPU machine adds to a median
 
 def fill_table(dp: Datapath, ifindex: int, base: int) -> int:
     """Live entries in the endpoint's table up to its capacity; how many."""
-    fd = dp.open_ct_table(ifindex)
+    fd = dp.conntrack.open_table(ifindex)
     assert fd is not None
     try:
         count = bpf.map_info(fd).max_entries

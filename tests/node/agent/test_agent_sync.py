@@ -164,7 +164,7 @@ def test_cluster_ips_stay_in_the_datapath_until_services_have_synced(
     )
     cluster_ip = cluster.kubectl_json("get", "service", "-n", namespace, "dns")["spec"]["clusterIP"]
     with Datapath(net.config()["bpfDir"]) as dp:
-        eventually(lambda: cluster_ip in dp.service_ips(), "the ClusterIP in the datapath")
+        eventually(lambda: cluster_ip in dp.network.service_ips(), "the ClusterIP in the datapath")
         try:
             # Restarted while it may not list Services: every other kind syncs.
             net.stop()
@@ -174,13 +174,17 @@ def test_cluster_ips_stay_in_the_datapath_until_services_have_synced(
                 lambda: "not synced yet: services" in str(net.ask({"op": "status"})["reason"]),
                 "every kind but Services synced",
             )
-            assert cluster_ip in dp.service_ips(), "the ClusterIPs were rewritten before sync"
+            assert cluster_ip in dp.network.service_ips(), (
+                "the ClusterIPs were rewritten before sync"
+            )
         finally:
             apply(cluster, agent_role(services=True))
         eventually(lambda: net.ask({"op": "status"})["ready"], "the agent synced", timeout=120)
-        assert cluster_ip in dp.service_ips()
+        assert cluster_ip in dp.network.service_ips()
         cluster.kubectl("delete", "service", "-n", namespace, "dns")
-        eventually(lambda: cluster_ip not in dp.service_ips(), "the ClusterIP gone once deleted")
+        eventually(
+            lambda: cluster_ip not in dp.network.service_ips(), "the ClusterIP gone once deleted"
+        )
 
 
 def test_a_deleted_pod_keeps_its_labels_until_its_del(

@@ -116,10 +116,10 @@ def test_a_cleared_policy_id_is_found_and_repaired(cluster: PolicyCluster) -> No
     before = drift_count(cluster, "datapath")
     ifindex = ifindex_of(cluster, "x/a")
     with datapath_of(cluster) as datapath, datapath.lock:
-        entry = datapath.endpoint(ifindex)
+        entry = datapath.endpoints.get(ifindex)
         assert entry is not None and entry.egress_policy != NONE
         entry.egress_policy = NONE
-        datapath.set_endpoint(ifindex, entry)
+        datapath.endpoints.put(ifindex, entry)
     rc, report = verify(cluster)
     assert rc == 1, report
     assert any(
@@ -142,7 +142,7 @@ def test_a_rule_slipped_into_a_shared_rule_set_is_found_and_the_set_rebuilt(
     assert not reaches(cluster, "x/a", "y/a", 81)
     ifindex = ifindex_of(cluster, "x/a")
     with datapath_of(cluster) as datapath, datapath.lock:
-        entry = datapath.endpoint(ifindex)
+        entry = datapath.endpoints.get(ifindex)
         assert entry is not None
         policy_id = entry.egress_policy
         rule_map = datapath.inner_maps("rules")[policy_id]
@@ -165,7 +165,7 @@ def test_a_rule_slipped_into_a_shared_rule_set_is_found_and_the_set_rebuilt(
     assert not reaches(cluster, "x/a", "y/a", 81)
     assert reaches(cluster, "x/a", "y/a", 80)
     with datapath_of(cluster) as datapath:
-        entry = datapath.endpoint(ifindex)
+        entry = datapath.endpoints.get(ifindex)
         assert entry is not None and entry.egress_policy != policy_id, "the lying set was reused"
 
 
@@ -187,10 +187,10 @@ def test_verify_repair_on_demand(cluster: PolicyCluster) -> None:
     """``--repair`` makes good at once what it found (here: x/a's ingress cleared)."""
     ifindex = ifindex_of(cluster, "x/a")
     with datapath_of(cluster) as datapath, datapath.lock:
-        entry = datapath.endpoint(ifindex)
+        entry = datapath.endpoints.get(ifindex)
         assert entry is not None
         entry.ingress_policy = NONE
-        datapath.set_endpoint(ifindex, entry)
+        datapath.endpoints.put(ifindex, entry)
     rc, report = verify(cluster, "--repair")
     assert rc == 1 and report["differences"], report
     deadline = time.monotonic() + 10

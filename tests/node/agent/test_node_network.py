@@ -306,8 +306,8 @@ def diagnose(scene: Scene) -> str:
     first = scene.nodes[0]
     with Datapath(first.bpf_dir) as datapath:
         counters = {d: {r: n for r, n in c.items() if n} for d, c in datapath.counters().items()}
-        ranges = datapath.pod_ranges()
-        peers = datapath.tunnel_peers()
+        ranges = datapath.network.pod_ranges()
+        peers = datapath.network.tunnel_peers()
         config = datapath.config()
     neigh = first.run("ip", "-d", "neigh").stdout
     return (

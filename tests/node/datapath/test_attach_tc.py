@@ -111,7 +111,7 @@ def test_check_notices_a_missing_filter_and_del_leaves_nothing(
     assert run.error_code == 101 and "to_pod" in run.out["details"], run.out
     network.delete(netns, "c1", config=config).ok()
     assert network.veths() == [] and network.allocations() == {}
-    assert dp.endpoint(ifindex) is None
+    assert dp.endpoints.get(ifindex) is None
     assert not any(Path(link_path(TEST_BPF_DIR, ifindex, p)).exists() for p in HOOKS)
 
 

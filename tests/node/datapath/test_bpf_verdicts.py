@@ -87,17 +87,17 @@ def bench() -> Iterator[Bench]:
         with Datapath(TEST_BPF_DIR) as dp:
             dp.set_config(after_nat=1)  # as if on netfilter's hooks: service flows deferred
             for ifindex, ips in zip(ifindexes, ([A_IP, A_IP2], [B_IP], [C_IP]), strict=False):
-                dp.set_endpoint(ifindex, Endpoint(ip=ip_be(ips[0])))
-                dp.set_endpoint_ips(ifindex, ips)
-                dp.create_ct_table(ifindex, 64)
+                dp.endpoints.put(ifindex, Endpoint(ip=ip_be(ips[0])))
+                dp.endpoints.add_ips(ifindex, ips)
+                dp.conntrack.create_table(ifindex, 64)
             for name in ("from_pod", "to_pod", "uplink"):
                 progs[name] = bpf.obj_get(os.path.join(TEST_BPF_DIR, name))
             try:
                 yield Bench(dp, *ifindexes[:3], progs)
             finally:
                 for ifindex in ifindexes:
-                    dp.delete_endpoint(ifindex)
-                dp.set_service_ips([])
+                    dp.endpoints.delete(ifindex)
+                dp.network.set_service_ips([])
     finally:
         for fd in progs.values():
             os.close(fd)
@@ -187,10 +187,10 @@ def test_fragments_follow_their_first_fragment_age_and_are_rechecked(bench: Benc
 def age_entries(dp: Datapath, ifindex: int) -> None:
     """Make every entry of the endpoint's tables look a day old."""
     for inbound in CT_SHARES:
-        fd = dp.open_ct_table(ifindex, inbound)
+        fd = dp.conntrack.open_table(ifindex, inbound)
         assert fd is not None
         try:
-            for key, value in dp.flows(ifindex, inbound):
+            for key, value in dp.conntrack.flows(ifindex, inbound):
                 value.last_seen = max(0, value.last_seen - 86400 * 10**9)
                 bpf.map_update(fd, key, value)
         finally:
@@ -262,7 +262,7 @@ def test_a_mid_stream_packet_never_opens_the_other_direction(bench: Bench) -> No
     bench.policy(bench.a, egress=())
     ack = pk.eth(pk.ipv4(PEER, A_IP, 6, pk.tcp(443, 40000, pk.TCP_ACK)))
     assert bench.into(bench.a, ack) == PASS
-    assert bench.dp.flows(bench.a) == [], "no entry from a packet without SYN"
+    assert bench.dp.conntrack.flows(bench.a) == [], "no entry from a packet without SYN"
     back = pk.eth(pk.ipv4(A_IP, PEER, 6, pk.tcp(40000, 443, pk.TCP_ACK)))
     assert bench.out_of(bench.a, back) == DROP
 
@@ -281,12 +281,12 @@ def test_a_syn_on_a_closed_flow_starts_a_fresh_entry(bench: Bench) -> None:
     syn = open_tcp_flow(bench)
     rst = pk.eth(pk.ipv4(PEER, A_IP, 6, pk.tcp(443, 40000, pk.TCP_RST | pk.TCP_ACK)))
     assert bench.into(bench.a, rst) == PASS
-    ((_, entry),) = bench.dp.flows(bench.a)
+    ((_, entry),) = bench.dp.conntrack.flows(bench.a)
     assert entry.flags & 0x8, "closed by RST"
     # The same 5-tuple again: a fresh entry, judged by the (now narrower) policy.
     bench.policy(bench.a, egress=(rule(f"{PEER}/32", Ports("tcp", 80)),), ingress=())
     assert bench.out_of(bench.a, pk.eth(syn)) == DROP
-    assert bench.dp.flows(bench.a) == []
+    assert bench.dp.conntrack.flows(bench.a) == []
 
 
 def test_echo_flows_match_only_replies_to_the_pods_own_request(bench: Bench) -> None:
@@ -323,8 +323,8 @@ def test_one_pod_cannot_evict_another_pods_flows(bench: Bench) -> None:
     assert bench.out_of(bench.b, b_flow) == PASS
     for sport in range(1000, 1500):
         assert bench.out_of(bench.a, pk.eth(pk.ipv4(A_IP, PEER, 17, pk.udp(sport, 53)))) == PASS
-    assert len(bench.dp.flows(bench.b)) == 1
-    fill = bench.dp.table_fill(bench.a)
+    assert len(bench.dp.conntrack.flows(bench.b)) == 1
+    fill = bench.dp.conntrack.fill(bench.a)
     assert fill is not None and fill.capacity == 2 * 64 and fill.created == 500
     assert fill.entries <= 64 and fill.evicted == 500 - fill.entries
     reply = pk.eth(pk.ipv4(PEER, B_IP, 17, pk.udp(53, 6000)))
@@ -345,8 +345,8 @@ def test_inbound_flows_never_evict_the_flows_a_pod_opened(bench: Bench) -> None:
     assert bench.out_of(bench.b, query) == PASS
     for sport in range(1000, 1500):
         assert bench.into(bench.b, pk.eth(pk.ipv4(PEER, B_IP, 17, pk.udp(sport, 9000)))) == PASS
-    assert len(bench.dp.flows(bench.b, inbound=False)) == 1
-    assert len(bench.dp.flows(bench.b, inbound=True)) <= 64
+    assert len(bench.dp.conntrack.flows(bench.b, inbound=False)) == 1
+    assert len(bench.dp.conntrack.flows(bench.b, inbound=True)) <= 64
     assert bench.into(bench.b, pk.eth(pk.ipv4(PEER, B_IP, 17, pk.udp(53, 6000)))) == PASS
     # The mirror: PEER's flow into b, then b floods C; b's answer to PEER still passes.
     ask = pk.eth(pk.ipv4(PEER, B_IP, 17, pk.udp(7000, 9000)))
@@ -358,10 +358,10 @@ def test_inbound_flows_never_evict_the_flows_a_pod_opened(bench: Bench) -> None:
 
 def test_no_endpoint_or_no_table_fails_closed(bench: Bench) -> None:
     frame = pk.eth(pk.ipv4(A_IP, PEER, 17, pk.udp(4000, 53)))
-    slot = bench.dp.endpoint(bench.a).ct_slot  # type: ignore[union-attr]
+    slot = bench.dp.endpoints.get(bench.a).ct_slot  # type: ignore[union-attr]
     bpf.map_delete(bench.dp.fd("ct_tables"), ctypes.c_uint32(slot))
     assert bench.out_of(bench.a, frame) == DROP
-    bench.dp.delete_endpoint(bench.a)
+    bench.dp.endpoints.delete(bench.a)
     assert bench.out_of(bench.a, frame) == DROP
 
 
@@ -370,7 +370,7 @@ def test_no_endpoint_or_no_table_fails_closed(bench: Bench) -> None:
 
 def service_setup(bench: Bench) -> None:
     """a may reach only b:8080; CLUSTER_IP is a Service."""
-    bench.dp.set_service_ips([CLUSTER_IP])
+    bench.dp.network.set_service_ips([CLUSTER_IP])
     bench.policy(bench.a, egress=(rule(f"{B_IP}/32", Ports("tcp", 8080)),))
 
 
@@ -378,7 +378,7 @@ def test_a_flow_to_a_cluster_ip_is_judged_on_its_backend(bench: Bench) -> None:
     service_setup(bench)
     to_service = pk.eth(pk.ipv4(A_IP, CLUSTER_IP, 6, pk.tcp(40000, 80)))
     assert bench.out_of(bench.a, to_service) == PASS, "deferred, not judged on the ClusterIP"
-    ((key, entry),) = bench.dp.flows(bench.a)
+    ((key, entry),) = bench.dp.conntrack.flows(bench.a)
     assert entry.flags & CT_SERVICE and key.daddr == ip_be(CLUSTER_IP)
     # After DNAT to b:8080 (allowed) and to c:8080 (denied), on the backends' veths.
     to_b = pk.eth(pk.ipv4(A_IP, B_IP, 6, pk.tcp(40000, 8080)))
@@ -387,7 +387,7 @@ def test_a_flow_to_a_cluster_ip_is_judged_on_its_backend(bench: Bench) -> None:
     assert bench.into(bench.b, to_b) == PASS
     assert bench.into(bench.c, to_c) == DROP
     assert bench.counted("egress", "denied-policy") - before == 1, "counted as a's egress"
-    post = [e for _, e in bench.dp.flows(bench.a) if e.flags & CT_POST_DNAT]
+    post = [e for _, e in bench.dp.conntrack.flows(bench.a) if e.flags & CT_POST_DNAT]
     assert len(post) == 1
     # The reply, reverse-NATed by netfilter, matches the deferred entry.
     reply = pk.eth(pk.ipv4(CLUSTER_IP, A_IP, 6, pk.tcp(80, 40000, pk.TCP_SYN | pk.TCP_ACK)))
@@ -419,9 +419,9 @@ def test_direct_flows_are_not_judged_twice(bench: Bench) -> None:
     service_setup(bench)
     syn = pk.eth(pk.ipv4(A_IP, B_IP, 6, pk.tcp(40002, 8080)))
     assert bench.out_of(bench.a, syn) == PASS
-    before = bench.dp.table_fill(bench.a)
+    before = bench.dp.conntrack.fill(bench.a)
     assert bench.into(bench.b, syn) == PASS
-    after = bench.dp.table_fill(bench.a)
+    after = bench.dp.conntrack.fill(bench.a)
     assert before and after and after.created == before.created
 
 
@@ -453,9 +453,9 @@ def test_the_uplink_judges_service_flows_to_remote_backends(bench: Bench) -> Non
 
 
 def test_replacing_the_service_set(bench: Bench) -> None:
-    bench.dp.set_service_ips([CLUSTER_IP, "10.96.0.11"])
-    bench.dp.set_service_ips(["10.96.0.11", "10.96.0.12"])
-    assert bench.dp.service_ips() == {"10.96.0.11", "10.96.0.12"}
+    bench.dp.network.set_service_ips([CLUSTER_IP, "10.96.0.11"])
+    bench.dp.network.set_service_ips(["10.96.0.11", "10.96.0.12"])
+    assert bench.dp.network.service_ips() == {"10.96.0.11", "10.96.0.12"}
 
 
 def test_ct_key_and_entry_sizes() -> None:

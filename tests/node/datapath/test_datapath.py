@@ -396,16 +396,16 @@ def test_del_leaves_no_stale_entries(network: Network, pods: PodNamespaces, dp: 
 
     def entries() -> dict[str, bool]:
         """Each kind of state the endpoint has in the datapath: present or not."""
-        ep = dp.endpoint(ifindex)
+        ep = dp.endpoints.get(ifindex)
         return {
             "endpoint": ep is not None,
-            "policy maps": ep is not None and ep.ingress_policy in dp.policy_ids(),
-            "conntrack table": ifindex in dp.ct_tables(),
-            "address": ifindex in dp.endpoint_ips().values(),
+            "policy maps": ep is not None and ep.ingress_policy in dp.policies.ids(),
+            "conntrack table": ifindex in dp.conntrack.tables(),
+            "address": ifindex in dp.endpoints.ips().values(),
             "links": any(Path(link_path(TEST_BPF_DIR, ifindex, p)).exists() for p in HOOKS),
         }
 
-    assert dp.flows(ifindex)
+    assert dp.conntrack.flows(ifindex)
     assert all(entries().values()), entries()  # so the check below is not vacuous
     network.delete(netns, "x").ok()
     assert not any(entries().values()), entries()
@@ -418,8 +418,8 @@ def test_reload_keeps_maps_and_established_flows(trio: list[Pod], dp: Datapath) 
     old = pinned_programs(dp)
     with Server(b, tcp=(8080,)):
         connection = HeldConnection(a, b, 8080)
-        endpoints = {i: (e.ip, e.policy_gen, e.flags) for i, e in dp.endpoints().items()}
-        flows = len(dp.flows(b.ifindex))
+        endpoints = {i: (e.ip, e.policy_gen, e.flags) for i, e in dp.endpoints.all().items()}
+        flows = len(dp.conntrack.flows(b.ifindex))
         assert loader.load(TEST_BPF_DIR, force=True)
         assert connection.finish() == "echo", "the established flow survived the reload"
         assert a.connects(b, 8080) and not a.connects(b, 8081)
@@ -430,8 +430,8 @@ def test_reload_keeps_maps_and_established_flows(trio: list[Pod], dp: Datapath) 
         f"source_{loader.source_hash(TEST_BPF_DIR)}"
     ]
     assert not [n for n in pinned if n.endswith("_new")], "no staging pin is left"
-    assert {i: (e.ip, e.policy_gen, e.flags) for i, e in dp.endpoints().items()} == endpoints
-    assert len(dp.flows(b.ifindex)) >= flows
+    assert {i: (e.ip, e.policy_gen, e.flags) for i, e in dp.endpoints.all().items()} == endpoints
+    assert len(dp.conntrack.flows(b.ifindex)) >= flows
 
 
 def test_reload_and_del_after_a_veth_vanished(
@@ -442,7 +442,7 @@ def test_reload_and_del_after_a_veth_vanished(
     veth, ifindex = node_veth(result)
     subprocess.run(["ip", "link", "del", veth], check=True)  # behind sluice's back
     assert loader.load(TEST_BPF_DIR, force=True)  # its severed links do not stop a reload
-    assert dp.endpoint(ifindex) is None
+    assert dp.endpoints.get(ifindex) is None
     assert not Path(link_path(TEST_BPF_DIR, ifindex, "from_pod")).exists()
     network.delete(netns, "gone").ok()
 
@@ -462,7 +462,7 @@ def test_check_notices_a_missing_program_or_entry(
 
     result = network.add(netns, "c2")
     _, ifindex = node_veth(result)
-    dp.delete_endpoint(ifindex)
+    dp.endpoints.delete(ifindex)
     run = network.check(netns, "c2", result)
     assert run.error_code == 101 and "endpoint entry" in run.out["details"]
     network.delete(netns, "c2").ok()
@@ -475,12 +475,12 @@ def test_gc_sweeps_endpoints_whose_veth_is_gone(
     result = network.add(netns, "c1")
     veth, ifindex = node_veth(result)
     subprocess.run(["ip", "link", "del", veth], check=True)  # gone behind sluice's back
-    assert dp.endpoint(ifindex) is not None
+    assert dp.endpoints.get(ifindex) is not None
     network.run(
         "GC",
         network.config(**{"cni.dev/valid-attachments": [{"containerID": "c1", "ifname": "eth0"}]}),
     ).ok()
-    assert dp.endpoint(ifindex) is None
+    assert dp.endpoints.get(ifindex) is None
     network.delete(netns, "c1").ok()
 
 
@@ -582,7 +582,7 @@ def test_a_datapath_of_another_layout_is_refused_then_replaced(tmp_path: Path) -
         assert loaded.returncode == 0, loaded.stderr
         assert loader.pinned_layout(old) == loader.layout_hash(settings.from_plugin(plugin))
         with Datapath(old) as fresh:
-            assert fresh.config().ct_per_endpoint == 512 and fresh.endpoints() == {}
+            assert fresh.config().ct_per_endpoint == 512 and fresh.endpoints.all() == {}
         plugin["datapath"] = {"maxEndpoints": 1024}
         conf.write_text(json.dumps({"cniVersion": "1.1.0", "name": "n", "plugins": [plugin]}))
         refused = sluicectl("datapath", "load", "--conf", conf)

@@ -141,14 +141,14 @@ def test_add_del_gc_and_installs_race_for_a_minute(network: Network, pods: PodNa
         network.delete(netns, cid).ok()
     with Datapath(TEST_BPF_DIR) as dp:
         mine = {i for _, i in live.values()}
-        assert not mine & set(dp.endpoints()), "DEL removed every endpoint"
+        assert not mine & set(dp.endpoints.all()), "DEL removed every endpoint"
 
 
 def check_state(live: dict[str, tuple[str, int]], installed: dict[int, int]) -> None:
     alive = endpoint.live_ifindexes()
     with Datapath(TEST_BPF_DIR) as dp:
-        endpoints = dp.endpoints()
-        policy_ids = dp.policy_ids()
+        endpoints = dp.endpoints.all()
+        policy_ids = dp.policies.ids()
         for cid, (_, ifindex) in live.items():
             ep = endpoints.get(ifindex)
             assert ep is not None, f"{cid} has no endpoint"
@@ -159,7 +159,7 @@ def check_state(live: dict[str, tuple[str, int]], installed: dict[int, int]) -> 
                     assert bpf.link_info(fd).ifindex == ifindex, f"{cid}: {program} detached"
                 finally:
                     os.close(fd)
-            assert ifindex in dp.ct_tables(), f"{cid} lost its conntrack table"
+            assert ifindex in dp.conntrack.tables(), f"{cid} lost its conntrack table"
             if ifindex in installed:
                 gen = installed[ifindex]
                 assert ep.policy_gen == gen, f"{cid}: generation {ep.policy_gen}, not {gen}"
@@ -169,8 +169,8 @@ def check_state(live: dict[str, tuple[str, int]], installed: dict[int, int]) -> 
         for pin in links.iterdir() if links.exists() else ():
             assert int(pin.name.split("_")[0]) in alive, f"stale link pin {pin.name}"
         assert set(endpoints) <= alive, "endpoints of gone veths"
-        assert set(dp.ct_tables()) <= alive, "conntrack tables of gone veths"
-        assert set(dp.endpoint_ips().values()) <= alive, "addresses of gone veths"
+        assert set(dp.conntrack.tables()) <= alive, "conntrack tables of gone veths"
+        assert set(dp.endpoints.ips().values()) <= alive, "addresses of gone veths"
         referenced = {ep.policy(d) for ep in endpoints.values() for d in (0, 1)} - {0}
         assert policy_ids == referenced, "policy maps no endpoint uses, or missing ones"
         tables = set(dp.inner_maps("ct_tables"))

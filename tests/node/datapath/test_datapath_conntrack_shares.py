@@ -124,13 +124,13 @@ def test_an_inbound_flood_keeps_the_answers_to_the_pods_questions(
     a, b, c = trio
     # a takes only b's traffic (and answers to what it asked); its egress is open.
     P.install(dp, a.ifindex, EndpointPolicy(ingress=allow(rule(f"{b.ip}/32"))))
-    dp.create_ct_table(a.ifindex, TABLE)
+    dp.conntrack.create_table(a.ifindex, TABLE)
     answered = answered_after_a_flood(a, c, b, a)
-    fill = dp.table_fill(a.ifindex)
+    fill = dp.conntrack.fill(a.ifindex)
     # The premise: the flood opened its flows into a, far more than a table holds.
     assert fill is not None and fill.created >= FLOWS and fill.evicted >= FLOWS - 2 * TABLE
     assert answered == QUESTIONS, f"{QUESTIONS - answered} of {QUESTIONS} answers dropped"
-    inbound = dp.flows(a.ifindex, inbound=True)
+    inbound = dp.conntrack.flows(a.ifindex, inbound=True)
     assert inbound and all(key.daddr == ip_be(a.ip) for key, _ in inbound), "b's flows, in"
 
 
@@ -142,8 +142,8 @@ def test_an_outbound_flood_keeps_the_flows_opened_toward_the_pod(
     a, b, c = trio
     # a may send only to b (and answer what it was asked); c may ask a.
     P.install(dp, a.ifindex, EndpointPolicy(egress=allow(rule(f"{b.ip}/32"))))
-    dp.create_ct_table(a.ifindex, TABLE)
+    dp.conntrack.create_table(a.ifindex, TABLE)
     answered = answered_after_a_flood(c, a, a, b)
-    fill = dp.table_fill(a.ifindex)
+    fill = dp.conntrack.fill(a.ifindex)
     assert fill is not None and fill.created >= FLOWS
     assert answered == QUESTIONS, f"{QUESTIONS - answered} of {QUESTIONS} answers dropped"

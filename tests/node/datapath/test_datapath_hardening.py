@@ -128,10 +128,10 @@ def test_every_address_of_a_pod_is_its_own(
                 in_netns(netns, PYTHON, PROBE, "send-from", ip, peer.ip, "6300", check=True)
             time.sleep(0.3)
         assert server.counts["udp"]["6300"] == 2
-        assert set(dp.endpoint_ips(ifindex)) == set(ips)
+        assert set(dp.endpoints.ips(ifindex)) == set(ips)
         check = network.config(result["cniVersion"], prevResult=result, ipam=ipam, ipMasq=False)
         network.run("CHECK", check, container_id="two", netns=netns, ifname="eth0").ok()
-        dp.set_endpoint_ips(peer_ifindex, [ips[1]])  # now registered as another pod's
+        dp.endpoints.add_ips(peer_ifindex, [ips[1]])  # now registered as another pod's
         run = network.run("CHECK", check, container_id="two", netns=netns, ifname="eth0")
         assert run.error_code == 101 and ips[1] in run.out["details"]
         assert two.ip

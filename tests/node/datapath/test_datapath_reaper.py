@@ -33,7 +33,7 @@ def dp() -> Iterator[Datapath]:
 
 def in_use(dp: Datapath) -> tuple[set[int], set[int]]:
     """(conntrack slots, policy ids) the endpoint entries name."""
-    endpoints = dp.endpoints().values()
+    endpoints = dp.endpoints.all().values()
     slots = {ep.ct_slot for ep in endpoints} - {NONE}
     ids = {ep.egress_policy for ep in endpoints} | {ep.ingress_policy for ep in endpoints}
     return slots, ids - {NONE}
@@ -46,7 +46,7 @@ def assert_no_garbage(dp: Datapath) -> None:
     assert set(dp.inner_maps("ct_tables")) == wanted, "stray tables, or a share missing"
     assert set(dp.inner_maps("peers")) == ids, "peer maps no endpoint uses"
     assert set(dp.inner_maps("rules")) == ids, "rule maps no endpoint uses"
-    assert set(dp.policy_index().values()) == ids, "index entries no endpoint uses"
+    assert set(dp.policies.index().values()) == ids, "index entries no endpoint uses"
 
 
 def test_add_and_del_take_and_give_back_a_table_without_writing_a_map_of_maps(
@@ -59,7 +59,7 @@ def test_add_and_del_take_and_give_back_a_table_without_writing_a_map_of_maps(
     assert len(free) >= 4
     netns = pods.new()
     _, ifindex = node_veth(network.add(netns, "pooled"))
-    slot = dp.endpoint(ifindex).ct_slot  # type: ignore[union-attr]
+    slot = dp.endpoints.get(ifindex).ct_slot  # type: ignore[union-attr]
     assert slot in free, "the table came from the pool"
     assert dp.inner_maps("ct_tables") == tables, "ADD wrote ct_tables"
     network.delete(netns, "pooled").ok()
@@ -94,7 +94,7 @@ def test_the_reaper_deletes_all_garbage_and_nothing_in_use(
 
     def kept() -> dict[str, object]:
         """What must survive every pass: c's table and rule set, a free table."""
-        c = dp.endpoint(made["c"][1][1])
+        c = dp.endpoints.get(made["c"][1][1])
         assert c is not None
         maps = {name: dp.inner_maps(name) for name in ("peers", "rules", "ct_tables")}
         return {
@@ -107,7 +107,7 @@ def test_the_reaper_deletes_all_garbage_and_nothing_in_use(
     survivors = kept()
     # DEL: a's entry goes; its table is dirty, its rule set still b's.
     network.delete(made["a"][0], "a").ok()
-    b = dp.endpoint(made["b"][1][1])
+    b = dp.endpoints.get(made["b"][1][1])
     assert b is not None and b.ingress_policy in dp.inner_maps("peers")
     reaper.reap(dp, pool=0)
     assert not ctpool.dirty_tables(dp)
@@ -116,7 +116,7 @@ def test_the_reaper_deletes_all_garbage_and_nothing_in_use(
     subprocess.run(["ip", "link", "del", made["b"][1][0]], check=True)
     valid = [{"containerID": "c", "ifname": "eth0"}]
     network.run("GC", network.config(**{"cni.dev/valid-attachments": valid})).ok()
-    assert dp.endpoint(made["b"][1][1]) is None
+    assert dp.endpoints.get(made["b"][1][1]) is None
     assert b.ingress_policy not in dp.inner_maps("peers")
     assert_no_garbage(dp)
     assert kept() == survivors, "the reaper removed something in use or free"

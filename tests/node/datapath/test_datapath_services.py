@@ -125,7 +125,7 @@ def dp() -> Iterator[Datapath]:
             yield datapath
         finally:
             after_nat.detach(datapath)
-            datapath.set_service_ips([])
+            datapath.network.set_service_ips([])
 
 
 def only_b(b: Pod, *more: str) -> EndpointPolicy:
@@ -151,7 +151,7 @@ def test_egress_through_a_service_is_judged_on_its_backend(
     kube_proxy.service("WEB", web, [(b.ip, 8080), (c.ip, 8080)])
     kube_proxy.service("C", only_c, [(c.ip, 8080)])
     kube_proxy.service("A", own, [(a.ip, 8080)])
-    dp.set_service_ips([web, only_c, own])
+    dp.network.set_service_ips([web, only_c, own])
     P.install(dp, a.ifindex, only_b(b))
     before = dp.counters()["egress"]["denied-policy"]
     with Server(b, tcp=(8080,)) as at_b, Server(c, tcp=(8080,)) as at_c, Server(a, tcp=(8080,)):
@@ -171,7 +171,7 @@ def test_a_tightened_policy_cuts_an_established_service_flow(
     a, b, _ = cluster
     svc = cluster_ip()
     kube_proxy.service("B", svc, [(b.ip, 8080)])
-    dp.set_service_ips([svc])
+    dp.network.set_service_ips([svc])
     P.install(dp, a.ifindex, only_b(b))
     with Server(b, tcp=(8080,)):
         held = HeldConnection(a, Pod("svc", "", svc, "", 0), 80)
@@ -197,7 +197,7 @@ def test_a_remote_backend_is_judged_at_the_uplink(
             endpoint.attach_uplink(again, ipr, remote.uplink)
     svc = cluster_ip()
     kube_proxy.service("R", svc, [(remote.backend, 8080)])
-    dp.set_service_ips([svc])
+    dp.network.set_service_ips([svc])
     server = subprocess.Popen(
         ["ip", "netns", "exec", remote.netns.rsplit("/", 1)[1], PYTHON, PROBE, "serve",
          "--tcp", "8080"],
@@ -251,7 +251,7 @@ def test_a_backend_behind_any_device_is_judged_after_dnat(
     a, b, _ = cluster
     svc = cluster_ip()
     kube_proxy.service("M", svc, [(bare_remote.backend, 8080)])
-    dp.set_service_ips([svc])
+    dp.network.set_service_ips([svc])
     P.install(dp, a.ifindex, only_b(b))
     before = dp.counters()["egress"]["denied-policy"]
     with masquerading(bare_remote.uplink) if masquerade else contextlib.nullcontext():
@@ -280,7 +280,7 @@ def test_a_host_network_backend_is_judged_after_dnat(
     node = bare_remote.node_address
     svc = cluster_ip()
     kube_proxy.service("H", svc, [(node, port)])
-    dp.set_service_ips([svc])
+    dp.network.set_service_ips([svc])
     P.install(dp, a.ifindex, only_b(b))
     server = serve_in(None, port)
     try:
@@ -323,7 +323,7 @@ def test_an_egress_isolated_backend_answers_masqueraded_clients(
     a, b, _ = cluster
     svc, node_port = cluster_ip(), random.randint(30000, 32767)
     kube_proxy.service("R", svc, [(b.ip, 8080)])
-    dp.set_service_ips([svc])
+    dp.network.set_service_ips([svc])
     P.install(dp, b.ifindex, EndpointPolicy(egress=()))
     to_b = ["-d", f"{b.ip}/32", "-p", "tcp", "--dport", "8080"]
     with (
@@ -357,7 +357,7 @@ def test_without_after_nat_flows_to_cluster_ips_are_refused(
     a, b, _ = cluster
     svc = cluster_ip()
     kube_proxy.service("F", svc, [(b.ip, 8080)])
-    dp.set_service_ips([svc])
+    dp.network.set_service_ips([svc])
     P.install(dp, a.ifindex, only_b(b))
     with Server(b, tcp=(8080,)):
         assert connects(a, svc)
@@ -450,7 +450,7 @@ def test_a_flow_to_a_cluster_ip_that_no_dnat_translates_leaves_nowhere(
     a, b, _ = cluster
     svc = cluster_ip()
     kube_proxy.service("U", svc, [(b.ip, 8080)])  # TCP 80 only
-    dp.set_service_ips([svc])
+    dp.network.set_service_ips([svc])
     P.install(dp, a.ifindex, only_b(b))
     in_netns(bare_remote.netns, "ip", "addr", "add", f"{svc}/32", "dev", "eth0", check=True)
     route = ["ip", "route", "add", f"{svc}/32", "dev", bare_remote.uplink]

@@ -55,7 +55,7 @@ def test_equal_rule_sets_share_one_policy_id_and_its_maps(bench: Bench) -> None:
     dns = (rule(f"{PEER}/32", Ports("udp", 53)),)
     bench.policy(bench.a, egress=dns)
     bench.policy(bench.b, egress=dns)
-    a, b = bench.dp.endpoint(bench.a), bench.dp.endpoint(bench.b)
+    a, b = bench.dp.endpoints.get(bench.a), bench.dp.endpoints.get(bench.b)
     assert a is not None and b is not None
     assert a.egress_policy == b.egress_policy != 0 and a.ingress_policy == b.ingress_policy == 0
     shared = b.egress_policy
@@ -66,7 +66,7 @@ def test_equal_rule_sets_share_one_policy_id_and_its_maps(bench: Bench) -> None:
 
     # A change to one endpoint leaves the other as it was.
     bench.policy(bench.a, egress=(rule(f"{PEER}/32", Ports("udp", 54)),))
-    a, b = bench.dp.endpoint(bench.a), bench.dp.endpoint(bench.b)
+    a, b = bench.dp.endpoints.get(bench.a), bench.dp.endpoints.get(bench.b)
     assert a is not None and b is not None
     assert a.egress_policy not in (0, shared) and b.egress_policy == shared
     assert policy_maps(bench.dp, shared) == maps
@@ -100,11 +100,11 @@ def hundred(bench: Bench) -> Iterator[list[int]]:
     ifindexes = [0x7FFF0000 + i for i in range(100)]
     try:
         for i, ifindex in enumerate(ifindexes):
-            bench.dp.set_endpoint(ifindex, Endpoint(ip=ip_be(f"10.78.{i // 250}.{i % 250 + 1}")))
+            bench.dp.endpoints.put(ifindex, Endpoint(ip=ip_be(f"10.78.{i // 250}.{i % 250 + 1}")))
         yield ifindexes
     finally:
         for ifindex in ifindexes:
-            bench.dp.delete_endpoint(ifindex)
+            bench.dp.endpoints.delete(ifindex)
         reaper.reap(bench.dp)
 
 
@@ -122,7 +122,7 @@ def test_a_batch_of_100_endpoints_with_one_new_rule_set_waits_twice(
     )
     took = time.perf_counter() - started
     assert sorted(generations) == hundred
-    ids = {bench.dp.endpoint(i).ingress_policy for i in hundred}  # type: ignore[union-attr]
+    ids = {bench.dp.endpoints.get(i).ingress_policy for i in hundred}  # type: ignore[union-attr]
     assert len(ids) == 1 and 0 not in ids
     assert my_waits() - waits == 2
     assert took < 10 * wait, f"{took * 1000:.0f} ms, a grace period {wait * 1000:.1f} ms"

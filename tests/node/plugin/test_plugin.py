@@ -569,7 +569,7 @@ def test_check_when_the_veth_is_gone(network: Network, pods: PodNamespaces) -> N
     network.delete(netns, "c1").ok()
     assert_nothing_left(network)
     with Datapath(TEST_BPF_DIR) as datapath:
-        assert datapath.endpoint(ifindex) is None, "DEL dropped the vanished veth's endpoint"
+        assert datapath.endpoints.get(ifindex) is None, "DEL dropped the vanished veth's endpoint"
 
 
 # -- STATUS ----------------------------------------------------------------------------
