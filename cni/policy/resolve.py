@@ -206,11 +206,11 @@ class PolicyIndex(PodPolicyResolver[KubeObject]):
 
     ``node_name`` picks the local pods (those the agent enforces for): pods on
     that node that are not hostNetwork; None makes every such pod local.
-    Every ``upsert_*``/``delete_*`` (eight of its public methods: one pair per kind,
-    what ``kinds`` dispatches to, which is why it has more than twenty) returns the
-    local pods whose policy may have changed (possibly including a pod that no longer exists); resolve
-    those again. ``resolve`` works for any pod; results for local pods are
-    cached until an update names them.
+    Every ``upsert_*``/``delete_*`` (eight of its public methods: one pair per
+    kind, what ``kinds`` dispatches to, which is why it has more than twenty)
+    returns the local pods whose policy may have changed (possibly including a
+    pod that no longer exists); resolve those again. ``resolve`` works for any
+    pod; results for local pods are cached until an update names them.
     """
 
     def __init__(
