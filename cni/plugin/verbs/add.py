@@ -182,7 +182,10 @@ class Lease:
 
     @property
     def ips(self) -> list[str]:
-        return [a.split("/")[0] for a in pod_addresses(self.result)] if self.result else []
+        """The IPv4 addresses allocated so far (an undo reads them: never raises)."""
+        if self.result is None:
+            return []
+        return [ip.address.split("/")[0] for ip in self.result.ips if ip.version == 4]
 
     def dns(self) -> DNS:
         assert self.result is not None
