@@ -153,10 +153,6 @@ class WorkQueue(Generic[K]):
             self._shutting_down = True
             self._changed.notify_all()
 
-    @property
-    def shutting_down(self) -> bool:
-        return self._shutting_down
-
     def __len__(self) -> int:
         """Keys waiting now (not those delayed)."""
         with self._changed:
@@ -187,7 +183,6 @@ class Worker(Generic[K]):
         self.log = log
         self.expected = expected
         self.spacing = spacing
-        self.passes = 0  # keys processed, failed ones included
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
@@ -221,7 +216,6 @@ class Worker(Generic[K]):
                 if again is not None:
                     self.queue.add_after(key, again)
             finally:
-                self.passes += 1
                 self.queue.done(key)
             if self.spacing and self._stopping.wait(self.spacing):
                 return
