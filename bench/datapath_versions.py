@@ -12,9 +12,10 @@ apart).
 
 The base is checked out in a temporary git worktree (the current checkout's
 .venv serves both, the worktree's modules first on PYTHONPATH) and removed at
-the end.
+the end; so is the current version when ``--current`` names a commit (else
+the working tree is measured as it is, edits included).
 
-    .venv/bin/python bench/datapath_versions.py --base <commit> [--pairs 6]
+    .venv/bin/python bench/datapath_versions.py --base <commit> [--current <commit>] [--pairs 6]
 """
 
 from __future__ import annotations
@@ -64,39 +65,50 @@ def one_run(tree: Path, seconds: float) -> dict[str, dict[str, float]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", required=True, help="the commit to compare with")
+    parser.add_argument("--current", help="the commit to measure (default: the working tree)")
     parser.add_argument("--pairs", type=int, default=6)
     parser.add_argument("--seconds", type=float, default=5, help="iperf3 run length")
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("run as root: bench/datapath.py creates namespaces, veths and iptables rules")
-    worktree = Path(tempfile.mkdtemp(prefix="sluice-bench-base-"))
-    subprocess.run(
-        ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(worktree), args.base],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    (worktree / ".venv").symlink_to(ROOT / ".venv")  # bench/dpbench runs sluicectl from there
+    trees = {"base": checkout(args.base)}
+    trees["current"] = checkout(args.current) if args.current else ROOT
     runs: dict[str, list[dict[str, dict[str, float]]]] = {"base": [], "current": []}
     try:
         for pair in range(args.pairs):
-            order = [("base", worktree), ("current", ROOT)]
+            order = [("base", trees["base"]), ("current", trees["current"])]
             for name, tree in order if pair % 2 == 0 else order[::-1]:
                 runs[name].append(one_run(tree, args.seconds))
                 gbits = {k: round(v["gbits"], 3) for k, v in runs[name][-1].items()}
                 print(f"pair {pair + 1}/{args.pairs} {name}: Gbit/s ratios {gbits}", flush=True)
     finally:
-        subprocess.run(
-            ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(worktree)], check=False
-        )
-        shutil.rmtree(worktree, ignore_errors=True)
-    report(args.base, runs)
+        for tree in trees.values():
+            if tree != ROOT:
+                subprocess.run(
+                    ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
+                    check=False,
+                )  # fmt: skip
+                shutil.rmtree(tree, ignore_errors=True)
+    report(args.base, args.current or "the working tree", runs)
 
 
-def report(base: str, runs: dict[str, list[dict[str, dict[str, float]]]]) -> None:
+def checkout(commit: str) -> Path:
+    """A temporary worktree of ``commit``, sharing this checkout's .venv."""
+    worktree = Path(tempfile.mkdtemp(prefix="sluice-bench-"))
+    subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(worktree), commit],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    (worktree / ".venv").symlink_to(ROOT / ".venv")  # bench/dpbench runs sluicectl from there
+    return worktree
+
+
+def report(base: str, current: str, runs: dict[str, list[dict[str, dict[str, float]]]]) -> None:
     labels = [label for label in runs["current"][0] if label in runs["base"][0]]
     print()
     print(
         f'ratios to "{BASELINE}", medians over {len(runs["base"])} runs of each version; '
-        f"diff: median of paired differences (current - base); base {base}"
+        f"diff: median of paired differences (current - base); base {base}, current {current}"
     )
     header = f"{'configuration':<24} | {'metric':<6} | {'base':>5} | {'current':>7} | {'diff':>6}"
     print(header)

@@ -49,11 +49,15 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 from policy_resolve import APPS, TIERS, namespaces, pods, policies  # noqa: E402
 
 from cni.kube.api import Api  # noqa: E402
+from cni.policy.index import PolicyIndex  # noqa: E402
 from cni.policy.model import Pod, PodKey, labels_of  # noqa: E402
 from cni.policy.parse import parse_pod  # noqa: E402
-from cni.policy.published import objects  # noqa: E402
-from cni.policy.published.objects import ADDRESS_SET, POLICY_ENDPOINTS, POLICY_TARGETS  # noqa: E402
-from cni.policy.resolve import PolicyIndex  # noqa: E402
+from cni.policy.published.names import (  # noqa: E402
+    ADDRESS_SET,
+    POLICY_ENDPOINTS,
+    POLICY_TARGETS,
+    collection_path,
+)
 
 CRDS = ROOT / "conf" / "policyendpoints.yaml"
 SLUICECTL = ROOT / ".venv" / "bin" / "sluicectl"
@@ -359,7 +363,7 @@ def wait_published(log: Path, started: float, quiet: float = 5.0) -> float:
 def published_size(api: Api) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for kind in (POLICY_ENDPOINTS, ADDRESS_SET, POLICY_TARGETS):
-        items = api.list(objects.collection_path(kind), resourceVersion="0").items
+        items = api.list(collection_path(kind), resourceVersion="0").items
         sizes = [len(json.dumps(item)) for item in items]
         out[kind] = {
             "objects": len(items),
@@ -513,7 +517,8 @@ def main() -> None:
 
 def load_world(api: Api, args: argparse.Namespace) -> tuple[PolicyIndex, list[str]]:
     """The objects of an API server loaded earlier, into the bench's own resolver."""
-    from cni.policy.parse import parse_namespace, parse_network_policy
+    from cni.policy.parse import parse_namespace
+    from cni.policy.parse_policy import parse_network_policy
 
     index = PolicyIndex()
     for path, parse in (

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+from cni.policy.index import PolicyIndex
 from cni.policy.model import (
     NAMESPACE_NAME_LABEL,
     ContainerPort,
@@ -45,7 +46,6 @@ from cni.policy.model import (
     Requirement,
     labels_of,
 )
-from cni.policy.resolve import PolicyIndex
 
 APPS = 10
 TIERS = ("web", "api", "db")

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cni.datapath import endpoint
+from cni.datapath import attach, endpoint_check
 from cni.datapath.maps import Datapath
 from cni.net.netlink import Rtnl
 from cni.spec.invoke import cni_env, invoke
@@ -130,13 +130,13 @@ class Topology:
         with Rtnl() as ipr, Datapath(self.bpf_dir) as datapath:
             for pod in self.pods:
                 if attached:
-                    endpoint.attach_programs(datapath, ipr, pod.ifindex, pod.veth)
+                    attach.attach_programs(datapath, ipr, pod.ifindex, pod.veth)
                 else:
-                    endpoint.detach_programs(datapath, ipr, pod.ifindex)
+                    attach.detach_programs(datapath, ipr, pod.ifindex)
 
     def check_hooks(self, attached: bool) -> None:
         with Rtnl() as ipr, Datapath(self.bpf_dir) as datapath:
             for pod in self.pods:
-                hooks = set(endpoint.attached_programs(datapath, ipr, pod.ifindex))
-                if hooks != (set(endpoint.HOOKS) if attached else set()):
+                hooks = set(endpoint_check.attached_programs(datapath, ipr, pod.ifindex))
+                if hooks != (set(attach.HOOKS) if attached else set()):
                     raise RuntimeError(f"{pod.veth} runs {sorted(hooks)}, attached={attached}")

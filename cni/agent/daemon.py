@@ -25,8 +25,6 @@ import threading
 import time
 from typing import Any
 
-from pyroute2 import IPRoute
-
 from cni.agent import prefix_claims, routes
 from cni.agent.enforcer import Enforcer
 from cni.agent.handlers import RequestHandlers
@@ -38,13 +36,14 @@ from cni.agent.pod_ranges import PodRangeKeeper
 from cni.agent.server import AgentServer, prepare_directory
 from cni.agent.shard_source import controller_collections
 from cni.agent.state import AgentState, EndpointRecord
-from cni.datapath import after_nat, bpf, endpoint, loader
+from cni.datapath import after_nat, bpf, loader, uplink
 from cni.datapath.maps import Datapath
 from cni.datapath.policy_writer import DatapathPolicyWriter
 from cni.datapath.reaper import Reaper
 from cni.kube.api import Api
 from cni.kube.memory import limit_malloc_arenas
 from cni.net import link
+from cni.net.kernel_routing import KernelRouting
 from cni.net.netlink import node_socket
 from cni.plugin import ipam_client, podnet
 from cni.plugin.netconf import NetConf
@@ -264,8 +263,8 @@ class Agent:
         """Without the API there are no other nodes: only this node's own range (and
         the cluster's) is never accepted from the network."""
         own = [self.conf.ipam.address_range] if isinstance(self.conf.ipam, NodeCIDRConfig) else []
-        with IPRoute() as ipr:
-            self.pod_ranges.update(ipr, {}, own, self.conf.cluster_cidr, complete=True)
+        with KernelRouting() as routing:
+            self.pod_ranges.update(routing, {}, own, self.conf.cluster_cidr, complete=True)
 
     def _attach_uplinks(self) -> None:
         """The program that judges service flows to backends on other nodes, on the
@@ -277,7 +276,7 @@ class Agent:
                 names = (default,) if default else ()
             for name in names:
                 try:
-                    endpoint.attach_uplink(self.datapath, node, name)
+                    uplink.attach_uplink(self.datapath, node, name)
                     log.info("judging service flows leaving through %s", name)
                 except CNIError as err:
                     log.warning("no uplink program on %s: %s", name, err.details)
@@ -300,7 +299,7 @@ class Agent:
         """Attach the uplink program to ``name`` (the route keeper's tunnel); raises
         CNIError when it cannot."""
         with node_socket() as node:
-            endpoint.attach_uplink(self.datapath, node, name)
+            uplink.attach_uplink(self.datapath, node, name)
         log.info("judging service flows leaving through %s", name)
 
     def _finish_cut_off_pairs(self) -> None:

@@ -20,18 +20,9 @@ Consistency rules:
 - a new endpoint's policy is installed before its veth is up (the ADD's
   policy step, ``cni.plugin.verbs.add.PolicyStep``), so no packet crosses it
   unjudged;
-- every install is a whole generation switched in one map write (the
-  writer's ``install_many``, ``cni.datapath.interfaces.PolicyWriter``: the
-  only way the enforcer reaches the datapath); an endpoint's installs are
-  serialised by its own lock and each computes the policy from the newest
-  state, so a slow install can be overtaken, never reverted;
-- every change marks the endpoints it may affect; a worker thread
-  reinstalls those whose policy differs from what is installed, the whole
-  batch in one ``install_many`` (rule sets shared by content: the agent's
-  writer compiles each once, and new ones are inserted in one batch);
-- only what the writer reports installed is recorded as installed; an
-  endpoint it reports failed stays queued and is tried again, and so does
-  its whole batch when it raises (an OSError may come after some writes);
+- every change marks the endpoints it may affect, and the batches of
+  ``cni.agent.endpoint_installs`` install those whose policy differs from
+  what is installed (the rules of an install are there);
 - a resolver that lacks part of a pod's inputs (``PolicyIncomplete``: a
   controller's objects not all received) leaves the pod's installed policy
   as it is, and a new endpoint's ADD waits for them.
@@ -39,28 +30,24 @@ Consistency rules:
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
+from cni.agent.endpoint_installs import EndpointInstalls, EndpointKey
 from cni.agent.state import AgentState, EndpointRecord
 from cni.datapath.interfaces import PolicyWriter
 from cni.policy.errors import PolicyIncomplete
+from cni.policy.index import PolicyIndex
 from cni.policy.model import KubeObject, Pod, PodKey
-from cni.policy.resolve import PodPolicyResolver, PolicyIndex, service_ips
-from cni.policy.vocabulary import EndpointPolicy, PolicyError
-from cni.work.queue import Worker, WorkQueue
+from cni.policy.resolve import PodPolicyResolver, service_ips
+from cni.policy.vocabulary import EndpointPolicy
 
 log = logging.getLogger("sluice.agent")
 
-EndpointKey = tuple[str, str]  # (container id, ifname)
 NOT_ISOLATED = EndpointPolicy()
-PASS = "install"  # the work queue's one key
-RETRY_SECONDS = 0.5  # a pass that left endpoints dirty comes again this soon
 
 
 class NotReady(Exception):
@@ -68,6 +55,9 @@ class NotReady(Exception):
 
 
 class Enforcer:
+    """The endpoints, the sources' pods and the resolver, kept consistent (the rules
+    above); ``installs`` writes what they give. ``observe(what, seconds)``: metrics."""
+
     def __init__(
         self,
         writer: PolicyWriter,
@@ -79,7 +69,6 @@ class Enforcer:
         self.writer = writer  # the datapath, as far as the enforcer sees it
         self.state = state
         self.node_name = node_name
-        self.observe = observe  # (what, seconds): metrics
         # Resolved here from every object (the default), or from a controller's objects.
         self.index: PodPolicyResolver = index if index is not None else PolicyIndex(node_name)
         self.lock = threading.RLock()  # the index, the sources' pods, the endpoints
@@ -88,16 +77,10 @@ class Enforcer:
         self.source_pods: dict[PodKey, Pod] = {}
         # Pods the source deleted whose endpoint is still here: as last known, until DEL.
         self.departed_pods: dict[PodKey, Pod] = {}
-        self.installed: dict[EndpointKey, EndpointPolicy] = {}
-        self.generations: dict[EndpointKey, int] = {}
-        self._endpoint_locks: dict[EndpointKey, threading.Lock] = {}
-        self._dirty: set[EndpointKey] = set()
-        self._installing: set[EndpointKey] = set()  # in an install_many now
-        # One key: a pass installs every dirty endpoint in one batch, so changes during
-        # a pass make one more pass after it.
-        self._passes: WorkQueue[str] = WorkQueue()
-        self._worker = Worker("enforcer", self._passes, self._pass, log)
         self._ready = threading.Event()
+        self.installs = EndpointInstalls(
+            writer, self.lock, self.endpoints, self.endpoint_policy, self._ready, observe
+        )
         self._service_ips: frozenset[str] | None = None
         # A source that knows every pod (the API): a pod it does not know yet is not
         # wired, since its labels, and so its policy, are unknown.
@@ -114,7 +97,7 @@ class Enforcer:
                 self.endpoints[record.key] = record
                 if record.pod is not None:
                     self.by_pod[record.pod] = record.key
-        self._worker.start()
+        self.installs.start()
 
     def mark_ready(self) -> None:
         """Every source has synced: compute and install everything once."""
@@ -122,10 +105,10 @@ class Enforcer:
             for record in self.endpoints.values():
                 if record.pod is not None:
                     self._index_pod(record.pod)
-            self._dirty |= set(self.endpoints)
+            self.installs.dirty |= set(self.endpoints)
             self._ready.set()
             self._write_service_ips()
-        self._passes.add(PASS)
+        self.installs.add_pass()
 
     @property
     def ready(self) -> bool:
@@ -136,7 +119,7 @@ class Enforcer:
             raise NotReady("the agent's policy sources have not synced yet")
 
     def stop(self) -> None:
-        self._worker.stop(timeout=10)
+        self.installs.stop()
 
     # -- sources -----------------------------------------------------------------------
 
@@ -194,7 +177,7 @@ class Enforcer:
             if old is not None and old.pod is not None and old.pod != record.pod:
                 self.by_pod.pop(old.pod, None)
             self.endpoints[record.key] = record
-            self.installed.pop(record.key, None)  # a new veth: nothing installed on it yet
+            self.installs.installed.pop(record.key, None)  # a new veth: nothing on it yet
             affected: frozenset[PodKey] = frozenset()
             if record.pod is not None:
                 self.by_pod[record.pod] = record.key
@@ -228,10 +211,7 @@ class Enforcer:
         self.state.remove_endpoint(key)
         with self.lock:
             record = self.endpoints.pop(key, None)
-            self.installed.pop(key, None)
-            self.generations.pop(key, None)
-            self._dirty.discard(key)
-            self._endpoint_locks.pop(key, None)
+            self.installs.forget(key)
             if record is None or record.pod is None:
                 return
             if self.by_pod.get(record.pod) == key:
@@ -250,7 +230,7 @@ class Enforcer:
     def enforce_now(self, keys: Iterable[EndpointKey]) -> None:
         """Install these endpoints' policies before returning (``sluicectl apply``).
         An endpoint whose inputs are incomplete keeps its installed policy."""
-        _, failed = self._enforce_many(keys)
+        _, failed = self.installs.install(keys)
         for err in failed.values():
             if not isinstance(err, PolicyIncomplete):
                 raise err
@@ -258,27 +238,32 @@ class Enforcer:
     # -- verification (cni/agent/verify.py) -------------------------------------------------
 
     @property
+    def installed(self) -> dict[EndpointKey, EndpointPolicy]:
+        """What the writer reported installed on each endpoint. Read with the lock held."""
+        return self.installs.installed
+
+    @property
     def dirty(self) -> frozenset[EndpointKey]:
         """Endpoints queued for an install. Read with the lock held."""
-        return frozenset(self._dirty)
+        return frozenset(self.installs.dirty)
 
     @property
     def installing(self) -> frozenset[EndpointKey]:
         """Endpoints whose install is in flight. Read with the lock held."""
-        return frozenset(self._installing)
+        return frozenset(self.installs.installing)
 
     def replace_index(self, index: PodPolicyResolver) -> None:
         """Resolve from ``index`` (rebuilt from the same objects) from now on, and
         install every endpoint's policy again from it."""
         with self.lock:
             self.index = index
-            self.installed.clear()
+            self.installs.installed.clear()
             self._queue(set(self.endpoints))
 
     def reinstall(self, key: EndpointKey) -> None:
         """Install the endpoint's policy again, whatever the enforcer thinks is there."""
         with self.lock:
-            self.installed.pop(key, None)
+            self.installs.installed.pop(key, None)
             self._queue({key})
 
     def rewrite_service_ips(self) -> None:
@@ -310,9 +295,7 @@ class Enforcer:
         return {self.by_pod[p] for p in pods if p in self.by_pod}
 
     def _queue(self, keys: set[EndpointKey]) -> None:
-        if keys:
-            self._dirty |= keys
-            self._passes.add(PASS)
+        self.installs.queue(keys)
         self._write_service_ips()
 
     def _write_service_ips(self) -> None:
@@ -331,149 +314,17 @@ class Enforcer:
             return
         self._service_ips = services
 
-    def _endpoint_lock(self, key: EndpointKey) -> threading.Lock:
-        with self.lock:
-            return self._endpoint_locks.setdefault(key, threading.Lock())
-
     def _enforce(self, key: EndpointKey, must_install: bool = False) -> int:
         """Install the endpoint's current policy unless it is installed already. While
         the resolver lacks inputs, keep what the datapath has (``must_install``, a new
         endpoint that has nothing: NotReady)."""
-        generations, failed = self._enforce_many([key])
+        generations, failed = self.installs.install([key])
         if key in failed:
             err = failed[key]
             if isinstance(err, PolicyIncomplete):
                 if must_install:
                     raise NotReady(str(err)) from None
                 log.debug("keeping the installed policy of %s: %s", key, err)
-                return self.generations.get(key, 0)
+                return self.installs.generations.get(key, 0)
             raise err
         return generations.get(key, 0)
-
-    def _enforce_many(
-        self, keys: Iterable[EndpointKey]
-    ) -> tuple[dict[EndpointKey, int], dict[EndpointKey, Exception]]:
-        """Install the current policies of these endpoints (those not installed already)
-        in one batch; return their generations and what failed (those stay dirty)."""
-        keys = sorted(set(keys))
-        generations: dict[EndpointKey, int] = {}
-        failed: dict[EndpointKey, Exception] = {}
-        with contextlib.ExitStack() as held:
-            for key in keys:  # in order: two batches never wait for each other's locks
-                held.enter_context(self._endpoint_lock(key))
-            pending: dict[int, tuple[EndpointKey, EndpointRecord]] = {}
-            desired: dict[int, EndpointPolicy] = {}
-            with self.lock:
-                for key in keys:
-                    record = self.endpoints.get(key)
-                    if record is None:
-                        continue
-                    self._dirty.discard(key)
-                    started = time.perf_counter()
-                    try:
-                        policy = self.endpoint_policy(key)
-                    except PolicyIncomplete as err:  # keep what is installed
-                        failed[key] = err
-                        generations[key] = self.generations.get(key, 0)
-                        continue
-                    self.observe("compute", time.perf_counter() - started)
-                    if self.installed.get(key) == policy:
-                        generations[key] = self.generations.get(key, 0)
-                        continue
-                    pending[record.ifindex] = (key, record)
-                    desired[record.ifindex] = policy
-                    self._installing.add(key)  # from here until its install is over
-            if not pending:
-                return generations, failed
-            rejected: dict[int, PolicyError] = {}
-            crashed: Exception | None = None
-            started = time.perf_counter()
-            try:
-                installed = self.writer.install_many(desired, rejected)
-            except Exception as err:  # the datapath failed: every endpoint stays dirty
-                installed, crashed = {}, err
-            elapsed = time.perf_counter() - started
-            self.observe("install_batch", elapsed)
-            with self.lock:
-                self._installing -= {key for key, _ in pending.values()}
-                for ifindex, (key, record) in pending.items():
-                    if ifindex not in installed:
-                        failed[key] = rejected.get(ifindex) or crashed or RuntimeError("lost")
-                        if key in self.endpoints:
-                            self._dirty.add(key)
-                        continue
-                    # The batch's time, shared out: what one endpoint's install cost.
-                    self.observe("install", elapsed / len(pending))
-                    if self.endpoints.get(key) == record:
-                        self.installed[key] = desired[ifindex]
-                        self.generations[key] = installed[ifindex]
-                    generations[key] = installed[ifindex]
-        log.debug("installed %d policies in %.1f ms", len(installed), elapsed * 1000)
-        return generations, failed
-
-    def _pass(self, _key: str) -> float | None:
-        """Install every dirty endpoint's policy in one batch; those that fail stay
-        dirty and the pass comes again after RETRY_SECONDS (not in a tight loop)."""
-        with self.lock:
-            if not (self._ready.is_set() and self._dirty):
-                return None  # mark_ready, or the next change, adds the pass again
-            batch = sorted(self._dirty)
-        try:
-            _, failed = self._enforce_many(batch)
-        except Exception as err:  # keep going; the endpoints stay dirty
-            failed = dict.fromkeys(batch, err)
-            with self.lock:
-                self._dirty |= set(batch) & set(self.endpoints)
-        # Incomplete inputs keep the installed policy; their arrival marks the pod again.
-        failed = {k: e for k, e in failed.items() if not isinstance(e, PolicyIncomplete)}
-        for key, error in failed.items():
-            log.error("failed to install the policy of %s: %s", key, error)
-        return RETRY_SECONDS if failed else None
-
-    # -- views ------------------------------------------------------------------------------
-
-    def describe_endpoints(self) -> list[dict[str, Any]]:
-        with self.lock:
-            out = []
-            for key, record in sorted(self.endpoints.items()):
-                installed = self.installed.get(key)
-                out.append(
-                    {
-                        "pod": "/".join(record.pod) if record.pod else None,
-                        "containerID": record.container_id,
-                        "ifname": record.ifname,
-                        "ifindex": record.ifindex,
-                        "ips": list(record.ips),
-                        "ingressIsolated": bool(installed and installed.ingress is not None),
-                        "egressIsolated": bool(installed and installed.egress is not None),
-                        "policies": ["/".join(p) for p in self._selected_by(record.pod)],
-                        "generation": self.generations.get(key),
-                        "pending": key in self._dirty or installed is None,
-                    }
-                )
-            return out
-
-    def describe_policies(self) -> list[dict[str, Any]]:
-        """Every policy, with the local pods it selects."""
-        with self.lock:
-            local = {record.pod: record for record in self.endpoints.values() if record.pod}
-            out = []
-            for key, found in sorted(self.index.store.policies.items()):
-                selects = ["/".join(pod) for pod in sorted(local) if key in self._selected_by(pod)]
-                out.append(
-                    {
-                        "policy": "/".join(key),
-                        "policyTypes": [d for d in ("ingress", "egress") if found.isolates(d)],
-                        "ingressRules": len(found.rules("ingress")),
-                        "egressRules": len(found.rules("egress")),
-                        "localPods": selects,
-                        "refused": list(found.refusals),  # what it could not read, and why
-                    }
-                )
-            return out
-
-    def _selected_by(self, pod: PodKey | None) -> list[PodKey]:
-        if pod is None:
-            return []
-        found = self.index.pod(pod)
-        return list(self.index.selecting_policies(found)) if found else []

@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from cni.agent.enforcer import Enforcer, NotReady
+from cni.agent.enforcer_views import describe_endpoints, describe_policies
 from cni.agent.local_store import LocalStore
 from cni.agent.retire import Retirer
 from cni.agent.state import EndpointRecord
@@ -109,7 +110,7 @@ class RequestHandlers:
                 f'this agent serves network "{self.conf.network}", not "{conf.network}"',
             )
         if request.command == "STATUS":
-            self._require_ready()
+            self._require_ready(ERR_NOT_AVAILABLE)  # STATUS's code for "no ADD now"
             status.status(conf, datapath=self.datapath, allocators=self.allocators)
             return None
         if request.command == "GC":
@@ -148,7 +149,7 @@ class RequestHandlers:
             return None
 
     def _add(self, conf: NetConf, request: Request) -> dict[str, Any]:
-        self._require_ready()
+        self._require_ready(ERR_TRY_AGAIN)  # as when the pod's own inputs are missing
         attachment = request.attachment
         self.retirer.wait(attachment.key)  # a DEL's veth of the same name is gone first
 
@@ -189,12 +190,13 @@ class RequestHandlers:
                 ERR_CHECK_FAILED, f"the policy of {key[0]}/{key[1]} is not installed yet"
             )
 
-    def _require_ready(self) -> None:
+    def _require_ready(self, code: int) -> None:
+        """Wait a little for the sources to sync; else fail with ``code``."""
         if not self.enforcer.ready:
             try:
                 self.enforcer.wait_ready(READY_WAIT)
             except NotReady as err:
-                raise CNIError(ERR_NOT_AVAILABLE, str(err)) from None
+                raise CNIError(code, str(err)) from None
 
     def _lock(self, key: tuple[str, str]) -> threading.Lock:
         with self._locks_guard:
@@ -246,9 +248,9 @@ class RequestHandlers:
     def get(self, request: dict[str, Any]) -> dict[str, Any]:
         what = request.get("what")
         if what == "endpoints":
-            return {"endpoints": self.enforcer.describe_endpoints()}
+            return {"endpoints": describe_endpoints(self.enforcer)}
         if what == "policies":
-            return {"policies": self.enforcer.describe_policies()}
+            return {"policies": describe_policies(self.enforcer)}
         return {"error": f"unknown kind {what!r}: expected endpoints or policies"}
 
     def explain(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -259,7 +261,7 @@ class RequestHandlers:
             return {"error": f"pod must be NAMESPACE/NAME, not {pod!r}"}
         key = tuple(pod.split("/"))
         flow = request.get("flow")
-        from cni.policy.resolve import PolicyIndex
+        from cni.policy.index import PolicyIndex
 
         if not isinstance(self.enforcer.index, PolicyIndex):
             return {"error": "explain needs the agent's own resolution (--resolver agent)"}

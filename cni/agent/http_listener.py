@@ -31,11 +31,12 @@ import socket
 import struct
 import threading
 import time
-from collections import OrderedDict, deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from http import HTTPStatus
 from queue import SimpleQueue
+
+from cni.agent.http_connections import Connection, TurnsBySource
+from cni.agent.http_messages import Answer, Request, Route, encode
 
 log = logging.getLogger("sluice.agent")
 
@@ -56,23 +57,6 @@ class Limits:
     min_gap: float = 0.05  # seconds between two answers: at most 20 a second
 
 
-@dataclass(frozen=True)
-class Request:
-    method: str
-    path: str  # without the query
-    source: str  # the client's address
-
-
-@dataclass(frozen=True)
-class Answer:
-    status: int
-    body: bytes
-    content_type: str = "text/plain; charset=utf-8"
-
-
-Route = Callable[[Request], Answer]
-
-
 class ListenError(Exception):
     pass
 
@@ -83,50 +67,6 @@ def parse_address(address: str) -> tuple[str, int]:
     if not colon or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ValueError(f'"{address}" is not HOST:PORT with a port from 0 to 65535')
     return host.strip("[]") or "127.0.0.1", int(port)
-
-
-@dataclass(eq=False)
-class _Connection:
-    sock: socket.socket
-    source: str
-    deadline: float
-    received: bytearray = field(default_factory=bytearray)
-    request: Request | None = None  # set once the head is whole: no longer evictable
-    outgoing: memoryview | None = None
-    closed: bool = False
-
-
-class _TurnsBySource:
-    """Whole requests waiting for a worker, handed out in turn by source."""
-
-    def __init__(self) -> None:
-        self._waiting: OrderedDict[str, deque[_Connection]] = OrderedDict()
-        self._ready = threading.Condition()
-        self._stopped = False
-
-    def put(self, connection: _Connection) -> None:
-        with self._ready:
-            self._waiting.setdefault(connection.source, deque()).append(connection)
-            self._ready.notify()
-
-    def take(self) -> _Connection | None:
-        """The next source's oldest request; None once stopped."""
-        with self._ready:
-            while not self._waiting and not self._stopped:
-                self._ready.wait()
-            if self._stopped:
-                return None
-            source, waiting = next(iter(self._waiting.items()))
-            connection = waiting.popleft()
-            del self._waiting[source]
-            if waiting:
-                self._waiting[source] = waiting  # to the back of the line
-            return connection
-
-    def stop(self) -> None:
-        with self._ready:
-            self._stopped = True
-            self._ready.notify_all()
 
 
 class Listener:
@@ -151,10 +91,10 @@ class Listener:
         self._selector.register(self._listening, selectors.EVENT_READ)
         self._selector.register(self._wake_read, selectors.EVENT_READ)
         self._accepting_again = 0.0  # after a failed accept: when to try again (0: now)
-        self._open: dict[socket.socket, _Connection] = {}  # oldest first
+        self._open: dict[socket.socket, Connection] = {}  # oldest first
         self._by_source: dict[str, int] = {}
-        self._answered: SimpleQueue[_Connection] = SimpleQueue()
-        self._turns = _TurnsBySource()
+        self._answered: SimpleQueue[Connection] = SimpleQueue()
+        self._turns = TurnsBySource()
         self._pace_lock = threading.Lock()
         self._last_answer = 0.0
         self._dropped: dict[str, int] = {}  # why -> connections, since the last log line
@@ -224,7 +164,7 @@ class Listener:
                 self._accepting_again = time.monotonic() + ACCEPT_PAUSE
                 return
             sock.setblocking(False)
-            connection = _Connection(sock, peer[0], time.monotonic() + self.limits.deadline)
+            connection = Connection(sock, peer[0], time.monotonic() + self.limits.deadline)
             if self._make_room(connection.source):
                 self._open[sock] = connection
                 self._by_source[connection.source] = self._by_source.get(connection.source, 0) + 1
@@ -248,13 +188,13 @@ class Listener:
             self._drop(victim, f"more than {self.limits.max_open} open")
         return True
 
-    def _oldest_reading(self, source: str | None) -> _Connection | None:
+    def _oldest_reading(self, source: str | None) -> Connection | None:
         for connection in self._open.values():
             if connection.request is None and source in (None, connection.source):
                 return connection
         return None
 
-    def _read(self, connection: _Connection) -> None:
+    def _read(self, connection: Connection) -> None:
         try:
             chunk = connection.sock.recv(4096)
         except (BlockingIOError, InterruptedError):
@@ -287,7 +227,7 @@ class Listener:
             return
         self._turns.put(connection)
 
-    def _refuse(self, connection: _Connection, status: HTTPStatus) -> None:
+    def _refuse(self, connection: Connection, status: HTTPStatus) -> None:
         """An answer that needs no worker, to a connection no longer read."""
         connection.request = connection.request or Request("", "", connection.source)
         answer = Answer(status, f"{status.phrase}\n".encode())
@@ -303,7 +243,7 @@ class Listener:
             if not connection.closed:
                 self._selector.register(connection.sock, selectors.EVENT_WRITE, connection)
 
-    def _write(self, connection: _Connection) -> None:
+    def _write(self, connection: Connection) -> None:
         assert connection.outgoing is not None
         try:
             sent = connection.sock.send(connection.outgoing)
@@ -329,7 +269,7 @@ class Listener:
                 why = "took no whole answer"
             self._drop(connection, f"{why} within {self.limits.deadline:g} s")
 
-    def _drop(self, connection: _Connection, why: str | None) -> None:
+    def _drop(self, connection: Connection, why: str | None) -> None:
         """Close a connection; ``why`` counts it in the log (None: it was done)."""
         if connection.closed:
             return
@@ -390,15 +330,3 @@ class Listener:
             if wait > 0:
                 time.sleep(wait)
             self._last_answer = time.monotonic()
-
-
-def encode(answer: Answer) -> bytes:
-    """HTTP/1.0, one answer per connection: no client keeps a connection for later."""
-    phrase = HTTPStatus(answer.status).phrase
-    head = (
-        f"HTTP/1.0 {int(answer.status)} {phrase}\r\n"
-        f"Content-Type: {answer.content_type}\r\n"
-        f"Content-Length: {len(answer.body)}\r\n"
-        "Connection: close\r\n\r\n"
-    )
-    return head.encode("latin-1") + answer.body

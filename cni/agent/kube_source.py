@@ -25,7 +25,8 @@ from cni.kube.api import Api
 from cni.kube.informer import Informer
 from cni.kube.memory import release_free_memory
 from cni.policy.model import Namespace, NetworkPolicy, Pod, Service
-from cni.policy.parse import parse_namespace, parse_pod, parse_service, read_network_policy
+from cni.policy.parse import parse_namespace, parse_pod, parse_service
+from cni.policy.parse_policy import read_network_policy
 
 log = logging.getLogger("sluice.k8s")
 

@@ -17,12 +17,14 @@ import json
 import logging
 from typing import Any
 
-from cni.agent.enforcer import EndpointKey, Enforcer
+from cni.agent.endpoint_installs import EndpointKey
+from cni.agent.enforcer import Enforcer
 from cni.agent.state import AgentState
 from cni.policy.errors import PolicyInputError
 from cni.policy.manifest import load_manifest_documents
 from cni.policy.model import KubeObject, Namespace
-from cni.policy.parse import parse_object, read_network_policy
+from cni.policy.parse import parse_object
+from cni.policy.parse_policy import read_network_policy
 
 log = logging.getLogger("sluice.agent")
 

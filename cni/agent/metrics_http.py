@@ -23,7 +23,8 @@ from collections.abc import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from cni.agent.http_listener import Answer, Listener, Request
+from cni.agent.http_listener import Listener
+from cni.agent.http_messages import Answer, Request
 
 RENDER_INTERVAL = 1.0  # seconds one rendering of /metrics serves every scraper
 

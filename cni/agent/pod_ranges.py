@@ -11,7 +11,8 @@ tunnel only from its peers. They read:
 - the neighbour table, for the link-layer address each peer sends from: the
   keeper makes each peer's entry on the interface towards it "managed" (the
   kernel keeps it resolved; protocol 115 marks it as sluice's), so that a first
-  packet from a peer is never refused for want of its address.
+  packet from a peer is never refused for want of its address. It reaches the
+  table through the route keeper's ``NeighbourTable`` (cni/net/interfaces.py).
 
 Like the routes, entries are only added and changed until the route keeper has
 the full view; removals wait for it.
@@ -21,20 +22,14 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-import socket
 from collections.abc import Iterable, Mapping
-
-from pyroute2 import IPRoute
-from pyroute2.netlink.exceptions import NetlinkError
 
 from cni.datapath.maps import Datapath, PodRangeHolder
 from cni.datapath.structs import RANGE_LOCAL, RANGE_UNOWNED
-from cni.net.peer_routes import PROTOCOL
+from cni.net.interfaces import NeighbourTable
+from cni.net.peer_neighbours import NeighbourError
 
 log = logging.getLogger("sluice.routes")
-
-NTF_EXT_MANAGED = 1 << 0  # NDA_FLAGS_EXT: the kernel keeps the entry resolved
-NUD_NONE = 0x00
 
 Ranges = Mapping[ipaddress.IPv4Network, ipaddress.IPv4Address]
 
@@ -63,7 +58,7 @@ class PodRangeKeeper:
 
     def update(
         self,
-        ipr: IPRoute,
+        neighbours: NeighbourTable,
         remote: Ranges,
         own: Iterable[ipaddress.IPv4Network],
         cluster: ipaddress.IPv4Network | None,
@@ -77,41 +72,23 @@ class PodRangeKeeper:
                 peers |= self.datapath.network.tunnel_peers()
             self.datapath.network.set_pod_ranges(wanted)
             self.datapath.network.set_tunnel_peers(peers if self.tunnel else ())
-        self._manage_neighbours(ipr, {ipaddress.IPv4Address(p) for p in peers}, complete)
+        self._manage_neighbours(neighbours, {ipaddress.IPv4Address(p) for p in peers}, complete)
 
     def _manage_neighbours(
-        self, ipr: IPRoute, peers: set[ipaddress.IPv4Address], complete: bool
+        self, table: NeighbourTable, peers: set[ipaddress.IPv4Address], complete: bool
     ) -> None:
         """A managed neighbour entry for each peer on the interface the node reaches it
         through; sluice's entries for addresses no longer peers go (with the full view)."""
-        ours: dict[str, int] = {}
-        managed: set[str] = set()
-        for msg in ipr.get_neighbours(family=socket.AF_INET):
-            dst = msg.get_attr("NDA_DST")
-            if msg.get_attr("NDA_PROTOCOL") == PROTOCOL:
-                ours[dst] = msg["ifindex"]
-            if (msg.get_attr("NDA_FLAGS_EXT") or 0) & NTF_EXT_MANAGED:
-                managed.add(dst)
-        for peer in peers:
-            if str(peer) in managed:
-                continue
+        found = table.neighbours()
+        for peer in peers - found.managed:
             try:
-                (route,) = ipr.route("get", dst=str(peer))
-                ifindex = route.get_attr("RTA_OIF")
-                ipr.neigh(
-                    "replace",
-                    dst=str(peer),
-                    ifindex=ifindex,
-                    state=NUD_NONE,
-                    NDA_FLAGS_EXT=NTF_EXT_MANAGED,
-                    NDA_PROTOCOL=PROTOCOL,
-                )
-            except (NetlinkError, ValueError) as err:
+                table.keep_resolved(peer)
+            except NeighbourError as err:
                 log.warning("failed to keep the neighbour entry of node %s resolved: %s", peer, err)
         if complete:
-            for dst, ifindex in ours.items():
-                if ipaddress.IPv4Address(dst) not in peers:
+            for dst, ifindex in found.ours.items():
+                if dst not in peers:
                     try:
-                        ipr.neigh("del", dst=dst, ifindex=ifindex)
-                    except NetlinkError as err:
+                        table.forget_neighbour(dst, ifindex)
+                    except NeighbourError as err:
                         log.warning("failed to remove the neighbour entry of %s: %s", dst, err)

@@ -29,7 +29,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from cni.kube.api import Api
-from cni.kube.claimstore import REASONS, ApiClaimStore
+from cni.kube.claimstore import ApiClaimStore
+from cni.kube.claimusage import REASONS
 from cni.kube.events import NodeEvents
 from cni.work.queue import Worker, WorkQueue
 from ipam import claim_stores

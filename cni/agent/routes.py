@@ -7,7 +7,8 @@ route per remote pod range (a node's podCIDR, or each prefix another node holds)
 via that node's InternalIP, marked with its own protocol number
 (cni/net/peer_routes.py) so that it finds its own after a restart and never
 touches anybody else's. With ``"routing": "vxlan"`` the routes go through the
-tunnel device, each node a static peer (cni/net/vxlan.py).
+tunnel device, each node a static peer (cni/net/vxlan.py). It reaches the kernel
+only through ``NodeRouting`` (cni/net/interfaces.py), opened once per pass.
 
 Additions and changes are made as soon as they are seen. Removals wait until
 every watched collection has been listed in full (cni/agent/route_plan.py): a
@@ -22,11 +23,11 @@ import ipaddress
 import logging
 import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
-from pyroute2 import IPRoute
 
 from cni.agent import route_plan
 from cni.agent.pod_ranges import PodRangeKeeper
@@ -35,8 +36,10 @@ from cni.kube import nodes, prefixclaims
 from cni.kube.api import Api
 from cni.kube.informer import Informer
 from cni.kube.nodes import NodeAddressing
-from cni.net import peer_routes, vxlan
-from cni.net.peer_routes import PeerRouteError
+from cni.net import vxlan
+from cni.net.interfaces import NodeRouting
+from cni.net.kernel_routing import KernelRouting
+from cni.net.peer_routes import PeerRoute, PeerRouteError
 from cni.net.vxlan import TunnelError
 from cni.plugin.netconf import NetConf
 from cni.spec.errors import CNIError
@@ -86,6 +89,8 @@ class RouteKeeper:
         api: Api,
         judge_uplink: Callable[[str], None] | None = None,
         pod_ranges: PodRangeKeeper | None = None,
+        *,
+        routing: Callable[[], AbstractContextManager[NodeRouting]] = KernelRouting,
     ) -> None:
         self.conf = conf
         # The uplinks' view of who holds which range (cni/agent/pod_ranges.py).
@@ -94,6 +99,8 @@ class RouteKeeper:
         self.api = api
         self.tunnel = conf.routing == "vxlan"
         self.judge_uplink = judge_uplink
+        # The node's routing, opened once per pass (cni/net/interfaces.py).
+        self.routing = routing
         self._judged_tunnel: int | None = None  # the tunnel's ifindex once judged
         self.nodes: dict[str, NodeAddressing] = {}
         # prefix mode with the claims in the API: prefix -> holder; else None
@@ -194,6 +201,62 @@ class RouteKeeper:
         desired = route_plan.desired_routes(
             known, self.node_name, self._own_ranges(), self.tunnel, claims, self.blocks
         )
+        self._report_left_out(desired)
+        with self.routing() as routing:
+            own = next((n for n in known if n.name == self.node_name), None)
+            tunnel_index = self._tunnel(routing, own)
+            routes = desired.routes
+            if self.tunnel and tunnel_index is None:
+                routes = {}  # nothing can go through a tunnel that is not there yet
+                complete = False  # and nothing is taken away because of it
+            steps = self._make_routes(routing, routes, tunnel_index, complete)
+            if self.pod_ranges is not None:
+                held = {dst: route.gateway for dst, route in routes.items()}
+                cluster = self.conf.cluster_cidr
+                self.pod_ranges.update(routing, held, desired.own, cluster, complete)
+        self.passes += 1
+        self.kept = len(routes) - len(steps.blocked)
+        if complete:
+            self.reconciled.set()
+        return steps
+
+    def _make_routes(
+        self,
+        routing: NodeRouting,
+        routes: dict[ipaddress.IPv4Network, PeerRoute],
+        tunnel_index: int | None,
+        complete: bool,
+    ) -> route_plan.RoutePlan:
+        """The routes (and their tunnel peers) made as ``routes`` says: a peer is written
+        before the routes through it and removed after them."""
+        present = routing.kept_routes(tunnel_index)
+        foreign = routing.foreign_destinations()
+        steps = route_plan.plan(routes, present, foreign, complete)
+        peers = route_plan.PeerPlan((), ())
+        if tunnel_index is not None:
+            whole, partial = routing.tunnel_peers(tunnel_index)
+            peers = route_plan.plan_peers(routes, whole, partial, complete)
+            for node_ip in peers.write:
+                self._try(f"peer {node_ip}", routing.write_peer, tunnel_index, node_ip)
+        for route in steps.write:
+            if self._try(f"route {route.dst}", routing.write_route, route, tunnel_index):
+                log.info("route to %s via %s%s", route.dst, route.gateway, self._how)
+        for dst in steps.remove:
+            if self._try(f"route {dst}", routing.remove_route, dst):
+                log.info("removed the route to %s (%s)", dst, present[dst].gateway)
+        if tunnel_index is not None:
+            for node_ip in peers.remove:
+                self._try(f"peer {node_ip}", routing.remove_peer, tunnel_index, node_ip)
+        for dst in steps.blocked:
+            self._report(
+                f"blocked {dst}",
+                f"not routing {dst}: a route of another protocol to it is there",
+            )
+        return steps
+
+    def _report_left_out(self, desired: route_plan.Desired) -> None:
+        """The ranges the view names but no route is made for, and the routed ranges
+        whose traffic is masqueraded."""
         skips = {f"skip {dst}": f"no route to {dst}: {why}" for dst, why in desired.skipped.items()}
         for what in [w for w in self._errors if w.startswith("skip ") and w not in skips]:
             del self._errors[what]  # its Node or claim is gone or mended: no longer a problem
@@ -208,65 +271,27 @@ class RouteKeeper:
                         f"pod traffic to {dst} is masqueraded: it is outside clusterCIDR "
                         f"{cluster} (set clusterCIDR to the cluster's pod range)",
                     )
-        with IPRoute() as ipr:
-            own = next((n for n in known if n.name == self.node_name), None)
-            tunnel_index = self._tunnel(ipr, own)
-            present = peer_routes.kept_routes(ipr, tunnel_index)
-            foreign = peer_routes.foreign_destinations(ipr)
-            routes = desired.routes
-            if self.tunnel and tunnel_index is None:
-                routes = {}  # nothing can go through a tunnel that is not there yet
-                complete = False  # and nothing is taken away because of it
-            steps = route_plan.plan(routes, present, foreign, complete)
-            if tunnel_index is not None:
-                whole, partial = vxlan.peers(ipr, tunnel_index)
-                peers = route_plan.plan_peers(routes, whole, partial, complete)
-                for node_ip in peers.write:
-                    self._try(f"peer {node_ip}", vxlan.write_peer, ipr, tunnel_index, node_ip)
-            for route in steps.write:
-                if self._try(f"route {route.dst}", peer_routes.write, ipr, route, tunnel_index):
-                    log.info("route to %s via %s%s", route.dst, route.gateway, self._how)
-            for dst in steps.remove:
-                if self._try(f"route {dst}", peer_routes.remove, ipr, dst):
-                    log.info("removed the route to %s (%s)", dst, present[dst].gateway)
-            if tunnel_index is not None:
-                for node_ip in peers.remove:
-                    self._try(f"peer {node_ip}", vxlan.remove_peer, ipr, tunnel_index, node_ip)
-            for dst in steps.blocked:
-                self._report(
-                    f"blocked {dst}",
-                    f"not routing {dst}: a route of another protocol to it is there",
-                )
-            if self.pod_ranges is not None:
-                held = {dst: route.gateway for dst, route in routes.items()}
-                self.pod_ranges.update(ipr, held, desired.own, cluster, complete)
-        self.passes += 1
-        self.kept = len(routes) - len(steps.blocked)
-        if complete:
-            self.reconciled.set()
-        return steps
 
     @property
     def _how(self) -> str:
         return f" through {vxlan.DEVICE}" if self.tunnel else ""
 
-    def _tunnel(self, ipr: IPRoute, own: NodeAddressing | None) -> int | None:
+    def _tunnel(self, routing: NodeRouting, own: NodeAddressing | None) -> int | None:
         """The tunnel device's index once this node's address is known (vxlan), else
         None, the device removed if an earlier configuration left one (native)."""
         if not self.tunnel:
-            if vxlan.remove_device(ipr):
+            if routing.remove_tunnel():
                 log.info("removed %s: routing is %s", vxlan.DEVICE, self.conf.routing)
             return None
         if own is None or own.internal_ip is None:
             self._report("tunnel", f"no tunnel yet: node {self.node_name} has no InternalIP")
             return None
-        mtu = (vxlan.uplink_mtu(ipr, own.internal_ip) or DEFAULT_UPLINK_MTU) - (
+        mtu = (routing.uplink_mtu(own.internal_ip) or DEFAULT_UPLINK_MTU) - (
             self.conf.encapsulation_overhead
         )
         own_range = self._own_ranges()[0] if self._own_ranges() else None
         try:
-            tunnel = vxlan.ensure(
-                ipr,
+            tunnel = routing.ensure_tunnel(
                 own.internal_ip,
                 mtu,
                 self.conf.tunnel_port,

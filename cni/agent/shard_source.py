@@ -18,34 +18,49 @@ from __future__ import annotations
 from cni.agent.kube_source import Collection
 from cni.policy.model import Pod, Service
 from cni.policy.parse import parse_pod, parse_service
-from cni.policy.published import objects
-from cni.policy.published.objects import ADDRESS_SET, POLICY_ENDPOINTS, POLICY_TARGETS
+from cni.policy.published.names import (
+    ADDRESS_SET,
+    POLICY_ENDPOINTS,
+    POLICY_TARGETS,
+    TARGETS_NODE_LABEL,
+    collection_path,
+    node_label,
+    node_label_key,
+)
+from cni.policy.published.shards import (
+    AddressShard,
+    PolicyShard,
+    TargetsShard,
+    parse_address_set,
+    parse_policy_endpoints,
+    parse_policy_targets,
+)
 
 
 def controller_collections(node: str) -> tuple[Collection, ...]:
-    for_node = {"labelSelector": objects.node_label_key(node)}
+    for_node = {"labelSelector": node_label_key(node)}
     return (
         ("pods", Pod, "/api/v1/pods", parse_pod, {"fieldSelector": f"spec.nodeName={node}"}),
         ("services", Service, "/api/v1/services", parse_service, {}),
         (
             "policytargets",
-            objects.TargetsShard,
-            objects.collection_path(POLICY_TARGETS),
-            objects.parse_policy_targets,
-            {"labelSelector": f"{objects.TARGETS_NODE_LABEL}={objects.node_label(node)}"},
+            TargetsShard,
+            collection_path(POLICY_TARGETS),
+            parse_policy_targets,
+            {"labelSelector": f"{TARGETS_NODE_LABEL}={node_label(node)}"},
         ),
         (
             "policyendpoints",
-            objects.PolicyShard,
-            objects.collection_path(POLICY_ENDPOINTS),
-            objects.parse_policy_endpoints,
+            PolicyShard,
+            collection_path(POLICY_ENDPOINTS),
+            parse_policy_endpoints,
             for_node,
         ),
         (
             "addresssets",
-            objects.AddressShard,
-            objects.collection_path(ADDRESS_SET),
-            objects.parse_address_set,
+            AddressShard,
+            collection_path(ADDRESS_SET),
+            parse_address_set,
             for_node,
         ),
     )

@@ -35,7 +35,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from cni.agent.enforcer import NOT_ISOLATED, EndpointKey, Enforcer
+from cni.agent.endpoint_installs import EndpointKey
+from cni.agent.enforcer import NOT_ISOLATED, Enforcer
 from cni.datapath import readback, ruleset
 from cni.datapath.policy_install import endpoint_flags
 from cni.datapath.policy_writer import DatapathPolicyWriter

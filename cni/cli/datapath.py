@@ -97,10 +97,12 @@ def load(conf_path: str | None, bpf_dir: str | None, force: bool, replace: bool)
 
 
 def show_report(bpf_dir: str) -> dict[str, Any]:
-    from cni.datapath import after_nat, bpf, loader
-    from cni.datapath.endpoint import HOOKS, UPLINK_HOOKS, attached_programs, uplinks
+    from cni.datapath import after_nat, bpf, bpf_programs, loader
+    from cni.datapath.attach import HOOKS, UPLINK_HOOKS
+    from cni.datapath.endpoint_check import attached_programs
     from cni.datapath.maps import MAPS
     from cni.datapath.structs import ip_str
+    from cni.datapath.uplink import uplinks
     from cni.net.netlink import Rtnl
     from cni.spec.attachment import parse_alias
 
@@ -108,7 +110,7 @@ def show_report(bpf_dir: str) -> dict[str, Any]:
     for name in (*HOOKS, *UPLINK_HOOKS):
         fd = bpf.obj_get(os.path.join(bpf_dir, name))
         try:
-            info = bpf.prog_info(fd)
+            info = bpf_programs.prog_info(fd)
         finally:
             os.close(fd)
         programs[name] = {"id": info.id, "tag": bytes(info.tag).hex(), "name": info.name.decode()}

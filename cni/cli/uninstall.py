@@ -216,15 +216,15 @@ def _remove_datapath(bpf_dir: str) -> None:
         return
     import socket
 
-    from cni.datapath import endpoint
+    from cni.datapath import uplink
     from cni.datapath.maps import Datapath
     from cni.net.netlink import node_socket
 
     # The uplinks' tc filters (where tcx is missing) hold the programs beyond the pins.
     with contextlib.suppress(Exception), Datapath(bpf_dir) as datapath, node_socket() as node:
-        for ifindex in endpoint.uplinks(datapath):
+        for ifindex in uplink.uplinks(datapath):
             with contextlib.suppress(OSError):
-                endpoint.detach_uplink(datapath, node, socket.if_indextoname(ifindex))
+                uplink.detach_uplink(datapath, node, socket.if_indextoname(ifindex))
     shutil.rmtree(bpf_dir, ignore_errors=True)
     click.echo(f"removed   datapath {bpf_dir}")
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from cni.controller.changes import Changes
 from cni.policy.model import PodKey, PolicyKey
-from cni.policy.published import objects
+from cni.policy.published.names import address_set_id
 from cni.policy.published.sets import AddressSetKey
 from cni.policy.selectors import PodGroup
 
@@ -102,7 +102,7 @@ class AddressSets:
                     self.changes.set_pods(key, pods)
 
     def _add(self, key: AddressSetKey) -> AddressSet:
-        added = self._sets[key] = AddressSet(key, objects.address_set_id(key))
+        added = self._sets[key] = AddressSet(key, address_set_id(key))
         self._by_id[added.id] = key
         self._by_group.setdefault(key.group, set()).add(key)
         self.changes.revive_set(key)

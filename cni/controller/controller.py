@@ -45,14 +45,15 @@ from cni.kube.informer import Informer
 from cni.kube.lease import LEASE_SECONDS, RENEW_DEADLINE_SECONDS, RETRY_SECONDS, LeaderElector
 from cni.kube.memory import limit_malloc_arenas, release_free_memory
 from cni.policy.model import Namespace, Pod
-from cni.policy.parse import parse_namespace, parse_pod, read_network_policy
-from cni.policy.published import objects
-from cni.policy.published.objects import (
+from cni.policy.parse import parse_namespace, parse_pod
+from cni.policy.parse_policy import read_network_policy
+from cni.policy.published.identity import INFO_TYPES, ShardInfo, shard_info
+from cni.policy.published.names import (
     ADDRESS_SET,
-    INFO_TYPES,
     POLICY_ENDPOINTS,
     POLICY_TARGETS,
-    ShardInfo,
+    collection_path,
+    object_path,
 )
 
 log = logging.getLogger("sluice.k8s")
@@ -84,7 +85,7 @@ INPUTS: tuple[tuple[str, type, str, Callable[[dict[str, Any]], Any]], ...] = (
         parse_policy_record,
     ),
     *(
-        (kind, INFO_TYPES[kind], objects.collection_path(kind), objects.shard_info)
+        (kind, INFO_TYPES[kind], collection_path(kind), shard_info)
         for kind in (POLICY_ENDPOINTS, ADDRESS_SET, POLICY_TARGETS)
     ),
 )
@@ -262,12 +263,10 @@ class Controller:
         timeout = self._write_time(term)
         if timeout is None:
             return ""
-        path = objects.object_path(write.kind, write.name)
+        path = object_path(write.kind, write.name)
         try:
             if write.verb == "create":
-                stored = self.api.create(
-                    objects.collection_path(write.kind), write.body, timeout=timeout
-                )
+                stored = self.api.create(collection_path(write.kind), write.body, timeout=timeout)
             elif write.verb == "replace":
                 stored = self.api.replace(path, write.body, timeout=timeout)
             else:
@@ -279,14 +278,14 @@ class Controller:
                 self.publisher.replan(write)
             return "failed"
         with self.lock:
-            self.publisher.observe(objects.shard_info(stored))
+            self.publisher.observe(shard_info(stored))
         return {"create": "created", "replace": "replaced"}.get(write.verb, "relabelled")
 
     def _delete(self, info: ShardInfo, term: int) -> str:
         timeout = self._write_time(term)
         if timeout is None:
             return ""
-        path = objects.object_path(info.kind, info.name)
+        path = object_path(info.kind, info.name)
         try:
             self.api.delete(path, timeout=timeout)
         except ApiError as err:

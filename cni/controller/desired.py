@@ -27,11 +27,11 @@ from cni.controller.address_sets import AddressSets
 from cni.controller.changes import Changes
 from cni.controller.sharding import placement_hash
 from cni.controller.targets import Selection, Targets
+from cni.policy.index import GroupIndex
 from cni.policy.kinds import KindHandlers
 from cni.policy.model import Namespace, NetworkPolicy, Pod, PodKey, PolicyKey
-from cni.policy.published import objects
+from cni.policy.published.names import pod_name
 from cni.policy.published.sets import AddressSetKey, address_sets
-from cni.policy.resolve import GroupIndex
 from cni.policy.selectors import target_group
 
 
@@ -159,7 +159,7 @@ class DesiredState:
         """The pod's ``placement_hash``, computed once while the pod exists."""
         h = self._hashes.get(pod)
         if h is None:
-            h = self._hashes[pod] = placement_hash(objects.pod_name(pod))
+            h = self._hashes[pod] = placement_hash(pod_name(pod))
         return h
 
     def totals(self) -> dict[str, int]:

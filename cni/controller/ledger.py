@@ -12,7 +12,7 @@ import logging
 from collections import Counter
 from collections.abc import Iterable
 
-from cni.policy.published.objects import ShardInfo
+from cni.policy.published.identity import ShardInfo
 
 log = logging.getLogger("sluice.k8s")
 

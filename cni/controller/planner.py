@@ -17,15 +17,15 @@ from cni.controller.desired import DesiredState
 from cni.controller.ledger import Ledger, ObjectKey
 from cni.controller.sharding import shard_count
 from cni.policy.model import Pod, PodKey, PolicyKey
-from cni.policy.published import objects
-from cni.policy.published.objects import (
-    ADDRESS_SET,
-    POLICY_ENDPOINTS,
-    POLICY_TARGETS,
-    ShardInfo,
-    TargetEntry,
+from cni.policy.published.identity import ShardInfo
+from cni.policy.published.names import ADDRESS_SET, POLICY_ENDPOINTS, POLICY_TARGETS, spec_hash
+from cni.policy.published.render import (
+    address_set_object,
+    policy_endpoints_object,
+    policy_targets_object,
 )
 from cni.policy.published.sets import AddressSetKey
+from cni.policy.published.shards import TargetEntry
 
 ADDRESS_SET_CAPACITY = 200  # pods per AddressSet shard: a rewrite sends ~10 KB
 TARGETS_CAPACITY = 250  # pods per PolicyTargets shard (a node runs 110 by default)
@@ -172,7 +172,7 @@ class Planner:
         nodes = sorted(state.nodes)
         for index in sorted(wanted):
             pods = sorted(by_shard[index], key=lambda pod: pod.key)
-            body = objects.address_set_object(key, index, count, pods, nodes)
+            body = address_set_object(key, index, count, pods, nodes)
             self._plan_write(plan, ADDRESS_SET, body)
         if changed is None:
             plan.deletions += [
@@ -188,9 +188,7 @@ class Planner:
             return
         set_ids = self.desired.sets.ids_of(key)
         nodes = self.desired.targets.nodes_of(key)
-        body = objects.policy_endpoints_object(
-            record.policy, record.uid, record.generation, set_ids, nodes
-        )
+        body = policy_endpoints_object(record.policy, record.uid, record.generation, set_ids, nodes)
         self._plan_write(plan, POLICY_ENDPOINTS, body)
 
     def _plan_targets(self, plan: Plan, node: str) -> None:
@@ -208,7 +206,7 @@ class Planner:
             selection = targets.selection(pod)
             entries[h % count].append(TargetEntry(pod, selection.uid, selection.policies))
         for index in range(count):
-            body = objects.policy_targets_object(node, index, count, entries[index])
+            body = policy_targets_object(node, index, count, entries[index])
             self._plan_write(plan, POLICY_TARGETS, body)
         plan.deletions += [info for info in published if info.index >= count]
 
@@ -219,7 +217,7 @@ class Planner:
         if published is None:
             plan.writes.append(Write(kind, name, body, "create"))
             return
-        if published.content != objects.spec_hash(body["spec"]):
+        if published.content != spec_hash(body["spec"]):
             body["metadata"]["resourceVersion"] = published.resource_version
             plan.writes.append(Write(kind, name, body, "replace", published.resource_version))
             return

@@ -15,10 +15,10 @@ from typing import Any
 from cni.controller.desired import DesiredState
 from cni.controller.ledger import Ledger
 from cni.controller.planner import ADDRESS_SET_CAPACITY, TARGETS_CAPACITY, Plan, Planner, Write
+from cni.policy.index import PolicyIndex
 from cni.policy.kinds import ByKind, KindHandlers
 from cni.policy.model import Namespace, NetworkPolicy, Pod, PodKey, PolicyKey
-from cni.policy.published.objects import INFO_TYPES, ShardInfo
-from cni.policy.resolve import PolicyIndex
+from cni.policy.published.identity import INFO_TYPES, ShardInfo
 
 # The capacities are the defaults of ``sluicectl controller`` too, which takes them here.
 __all__ = ["ADDRESS_SET_CAPACITY", "TARGETS_CAPACITY", "Publisher"]

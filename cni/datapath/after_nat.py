@@ -20,12 +20,12 @@ import contextlib
 import errno
 import os
 
-from cni.datapath import bpf
+from cni.datapath import bpf, bpf_links, bpf_programs
 from cni.datapath.maps import Datapath
 
 PROGRAM = "after_nat"
 LINKS = "nf_links"
-HOOKS = {"forward": bpf.NF_INET_FORWARD, "local_in": bpf.NF_INET_LOCAL_IN}
+HOOKS = {"forward": bpf_links.NF_INET_FORWARD, "local_in": bpf_links.NF_INET_LOCAL_IN}
 # After the filter table (0), before LOCAL_IN's SNAT (100); FORWARD has no NAT.
 PRIORITIES = range(1, 100)
 
@@ -41,7 +41,7 @@ def attach(datapath: Datapath) -> None:
     ClusterIPs from egress-isolated pods refused."""
     prog_fd = bpf.obj_get(datapath.path(PROGRAM))
     try:
-        prog_id = bpf.prog_info(prog_fd).id
+        prog_id = bpf_programs.prog_info(prog_fd).id
         os.makedirs(datapath.path(LINKS), exist_ok=True)
         for hook, hooknum in HOOKS.items():
             if _linked_program(datapath, hook) == prog_id:
@@ -64,7 +64,7 @@ def _link(prog_fd: int, hooknum: int) -> int:
     """A link at the first priority no other BPF program holds on the hook."""
     for priority in PRIORITIES:
         try:
-            return bpf.netfilter_link_create(prog_fd, hooknum, priority)
+            return bpf_links.netfilter_link_create(prog_fd, hooknum, priority)
         except bpf.BPFError as err:
             if err.errno != errno.EBUSY:
                 raise
@@ -90,7 +90,7 @@ def attached(datapath: Datapath) -> list[str]:
     except bpf.BPFError:
         return []
     try:
-        prog_id = bpf.prog_info(prog_fd).id
+        prog_id = bpf_programs.prog_info(prog_fd).id
     finally:
         os.close(prog_fd)
     return [hook for hook in HOOKS if _linked_program(datapath, hook) == prog_id]
@@ -102,6 +102,6 @@ def _linked_program(datapath: Datapath, hook: str) -> int | None:
     except bpf.BPFError:
         return None
     try:
-        return int(bpf.link_info(link_fd).prog_id)
+        return int(bpf_links.link_info(link_fd).prog_id)
     finally:
         os.close(link_fd)

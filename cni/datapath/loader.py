@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from cni.datapath import after_nat, bpf
+from cni.datapath import after_nat, bpf, bpf_links, bpf_programs
 from cni.datapath.maps import MAPS, NF_PROGRAMS, PROGRAMS, Datapath, DatapathMismatch
 from cni.datapath.settings import DatapathSettings
 from cni.spec.errors import ERR_KERNEL, CNIError
@@ -208,7 +208,7 @@ def _refuse_other_layout(bpf_dir: str, settings: DatapathSettings | None) -> Non
 def _unpin_all(bpf_dir: str) -> list[int]:
     """Unpin an incompatible datapath, keeping the links (switched to the new programs
     once they are pinned); return their endpoints."""
-    from cni.datapath.endpoint import UPLINK_HOOKS
+    from cni.datapath.attach import UPLINK_HOOKS
 
     links = os.path.join(bpf_dir, "links")
     uplink_programs = tuple(f"_{program}" for program in UPLINK_HOOKS)
@@ -258,7 +258,7 @@ def _load(datapath: Datapath, settings: DatapathSettings, stale: list[int] | Non
     for name in NF_PROGRAMS if skb else ():
         try:
             functions[name] = module.load_func(
-                name.encode(), bpf.PROG_TYPE_NETFILTER, attach_type=bpf.NETFILTER
+                name.encode(), bpf_programs.PROG_TYPE_NETFILTER, attach_type=bpf_links.NETFILTER
             )
         except Exception as err:  # an older kernel: service flows stay refused (services.h)
             log.warning("the kernel refused %s (netfilter programs need 6.4): %s", name, err)
@@ -278,7 +278,7 @@ def _load(datapath: Datapath, settings: DatapathSettings, stale: list[int] | Non
         raise CNIError(ERR_KERNEL, str(err)) from None
     switched = sorted(set(endpoints) | set(stale or ()))
     if switched or os.path.isdir(os.path.join(bpf_dir, "links")):
-        from cni.datapath.endpoint import switch_programs
+        from cni.datapath.program_switch import switch_programs
 
         switch_programs(datapath, switched)
     if os.path.isdir(os.path.join(bpf_dir, after_nat.LINKS)):

@@ -67,6 +67,7 @@ def install_many(
     digests: dict[int, tuple[bytes | None, bytes | None]] = {}  # (egress, ingress)
     for ifindex, policy in wanted.items():
         try:
+            _refuse_tiers(policy)
             egress = _digest(registry, policy.egress, contents)
             ingress = _digest(registry, policy.ingress, contents)
         except PolicyError as err:
@@ -115,6 +116,14 @@ def install_many(
     if failed is not None:
         failed.update(missing)
     return generations
+
+
+def _refuse_tiers(policy: EndpointPolicy) -> None:
+    """This datapath judges NetworkPolicy rules only: an endpoint policy with
+    cluster-wide tiers is refused whole, never installed without them."""
+    if policy.tiers:
+        names = ", ".join(repr(tier.name) for tier in policy.tiers)
+        raise PolicyError(f"tiers {names}: the datapath compiles no cluster-wide tiers yet")
 
 
 def _digest(

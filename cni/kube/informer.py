@@ -13,6 +13,12 @@ Objects are parsed (and so trimmed to what the resolver reads) as they
 arrive, before anything keeps them. ``synced`` is set once the first list is
 through; the sink sees every list as a whole replacement and every event on
 its own.
+
+Lists are read from the API server's watch cache, unless the informer is made
+``consistent``: then every list (the first, and each after a 410) is a consistent
+read from etcd, for a collection small enough that reading it whole from etcd
+costs little and whose reader must see every object written before it started
+(the prefix claims: a restarted agent adopts every claim it made).
 """
 
 from __future__ import annotations
@@ -45,6 +51,8 @@ class Informer:
         parse: Callable[[dict[str, Any]], Any],
         sink: Sink,
         params: dict[str, str] | None = None,
+        *,
+        consistent: bool = False,
     ) -> None:
         self.api = api
         self.kind = kind
@@ -52,6 +60,7 @@ class Informer:
         self.parse = parse
         self.sink = sink
         self.params = params or {}
+        self.consistent = consistent
         self.synced = threading.Event()
         self.resource_version = ""
         self.events = 0  # watch events seen (for the scale figures)
@@ -109,8 +118,12 @@ class Informer:
         # From the API server's watch cache, not etcd: a list of every pod read from
         # etcd by each of a hundred agents at once is what overloads a control plane.
         # The first list takes the cache as it is ("0"); a list again never goes back
-        # before what this informer has seen.
-        if self.resource_version:
+        # before what this informer has seen. A consistent informer names no
+        # resourceVersion: the server then reads from etcd.
+        at: dict[str, str]
+        if self.consistent:
+            at = {}
+        elif self.resource_version:
             at = {"resourceVersion": self.resource_version, "resourceVersionMatch": "NotOlderThan"}
         else:
             at = {"resourceVersion": "0"}

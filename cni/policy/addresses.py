@@ -10,7 +10,7 @@ One form the API server accepts is refused here: an IPv4-mapped IPv6 CIDR
 (``::ffff:10.1.0.0/112``). The API server's own validation compares its prefix
 length as IPv6 (112 bits) while Go matches addresses against it as IPv4 (a /16),
 so what it means depends on who reads it; sluice does not guess (a rule that
-holds one is refused, see ``parse``).
+holds one is refused, see ``fields``).
 """
 
 from __future__ import annotations

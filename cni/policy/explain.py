@@ -12,8 +12,8 @@ import ipaddress
 from dataclasses import dataclass, field
 from typing import Any
 
+from cni.policy.index import PolicyIndex
 from cni.policy.model import DIRECTIONS, Direction, PodKey, PolicyKey, label_dict
-from cni.policy.resolve import PolicyIndex
 from cni.policy.rules import RuleOrigin
 from cni.policy.vocabulary import AllowRule, PeerCIDR, Ports
 

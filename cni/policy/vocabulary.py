@@ -10,13 +10,22 @@ policy layer needs nothing from the datapath to say what it wants.
 
 Every CIDR has an address family (``PeerCIDR.family``); the datapath compiles
 IPv4 peers and refuses others with a ``PolicyError`` naming the CIDR.
+
+Besides the namespaced NetworkPolicy rules (``ingress``, ``egress``: isolation,
+then allow rules), an endpoint's policy can hold ordered tiers of cluster-wide
+rules that accept, deny or pass (``Tier``, ``TierRule``, ``Action``): the tiers
+``before`` are judged first, in order, and the first rule that matches decides
+(Pass: the next tier decides); then the NetworkPolicy rules; the tiers ``after``
+only for a direction no NetworkPolicy isolates. The resolvers produce none yet
+and the datapath refuses an endpoint policy with tiers by name, so a tier can
+never be silently dropped on its way to the kernel.
 """
 
 from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass
-from enum import IntEnum
+from enum import Enum, IntEnum
 
 # Protocol names of ``Ports`` and their IP protocol numbers ("any": every protocol).
 PROTOCOLS = {"tcp": 6, "udp": 17, "sctp": 132, "icmp": 1, "any": 0}
@@ -89,11 +98,48 @@ class AllowRule:
     ports: tuple[Ports, ...] = ()
 
 
+class Action(Enum):
+    """What a tier's rule does with the traffic it matches."""
+
+    ACCEPT = "Accept"  # allowed, whatever later tiers say
+    DENY = "Deny"  # dropped, whatever later tiers say
+    PASS = "Pass"  # this tier has no say: the next one decides
+
+
+@dataclass(frozen=True)
+class TierRule:
+    """``action`` for traffic with any of ``peers`` (none: any peer) on any of
+    ``ports`` (none: any)."""
+
+    action: Action
+    peers: tuple[PeerCIDR, ...] = ()
+    ports: tuple[Ports, ...] = ()
+
+
+@dataclass(frozen=True)
+class Tier:
+    """One tier's cluster-wide rules for an endpoint, per direction, in the order they
+    are judged: the first that matches decides; none matching, the next tier does."""
+
+    name: str
+    ingress: tuple[TierRule, ...] = ()
+    egress: tuple[TierRule, ...] = ()
+
+
 @dataclass(frozen=True)
 class EndpointPolicy:
     """None for a direction: not isolated. A tuple of rules: isolated, these allowed.
-    ``deny_node``: the node's own traffic to the pod is judged too."""
+    ``deny_node``: the node's own traffic to the pod is judged too. ``before`` and
+    ``after``: the tiers judged before the NetworkPolicy rules, and after them for a
+    direction they leave unisolated (module docstring)."""
 
     ingress: tuple[AllowRule, ...] | None = None
     egress: tuple[AllowRule, ...] | None = None
     deny_node: bool = False
+    before: tuple[Tier, ...] = ()
+    after: tuple[Tier, ...] = ()
+
+    @property
+    def tiers(self) -> tuple[Tier, ...]:
+        """Every cluster-wide tier, in the order judged."""
+        return (*self.before, *self.after)

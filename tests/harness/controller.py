@@ -15,8 +15,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cni.kube.api import Api
-from cni.policy.published import objects
-from cni.policy.published.objects import ADDRESS_SET, POLICY_ENDPOINTS, POLICY_TARGETS
+from cni.policy.published.names import (
+    ADDRESS_SET,
+    POLICY_ENDPOINTS,
+    POLICY_TARGETS,
+    collection_path,
+)
 from tests.harness.cni_run import SLUICECTL
 
 if TYPE_CHECKING:
@@ -92,7 +96,7 @@ def published(api: Api) -> dict[tuple[str, str], dict[str, Any]]:
     """Every object of the three kinds (all cluster-scoped): (kind, name) -> object."""
     found = {}
     for kind in (POLICY_ENDPOINTS, ADDRESS_SET, POLICY_TARGETS):
-        for obj in api.list(objects.collection_path(kind)).items:
+        for obj in api.list(collection_path(kind)).items:
             found[(kind, obj["metadata"]["name"])] = obj
     return found
 

@@ -87,3 +87,27 @@ def test_the_readme_code_map_lists_the_layers_in_order() -> None:
     paths = [unit.replace(".", "/") for units in LAYERS for unit in units]
     layers = [path + ("/" if (ROOT / path).is_dir() else ".py") for path in paths]
     assert listed == layers
+
+
+# A map of bpf/maps.h: BPF_TABLE_PINNED("type", ..., name, ...), the hash-of-maps
+# BPF_TABLE("hash_of_maps$...:<pin dir>/name", ...), or the ring buffer's pinned section.
+PINNED_MAP = re.compile(
+    r'BPF_TABLE_PINNED\("[a-z_]+",[^,]+,[^,]+,\s*(\w+),'
+    r'|BPF_TABLE\("hash_of_maps\$\w+:" SL_PIN_DIR "/(\w+)"'
+    r'|section\("maps/ringbuf:" SL_PIN_DIR "/(\w+)"\)'
+)
+
+
+def test_the_datapath_page_lists_every_pinned_map_and_no_other() -> None:
+    source = (ROOT / "bpf" / "maps.h").read_text()
+    pinned = {next(name for name in found if name) for found in PINNED_MAP.findall(source)}
+    assert {"endpoints", "peers", "events", "ledger"} <= pinned, pinned  # the pattern reads
+    page = (ROOT / "docs" / "datapath.md").read_text()
+    table = page[page.index("| map | type | holds |") :].split("\n\n", 1)[0]
+    listed = {
+        name for row in table.splitlines()[2:] for name in re.findall(r"`(\w+)`", row.split("|")[1])
+    }
+    assert listed == pinned, (
+        f"docs/datapath.md lists {sorted(listed - pinned)} that bpf/maps.h does not pin, "
+        f"misses {sorted(pinned - listed)}"
+    )

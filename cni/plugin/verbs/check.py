@@ -9,7 +9,7 @@ Routes that later plugins added are tolerated.
 
 from __future__ import annotations
 
-from cni.datapath import endpoint
+from cni.datapath import endpoint_check
 from cni.datapath.maps import Datapath
 from cni.net import addr, link, masq, route
 from cni.net.netlink import Rtnl, node_socket, pod_socket
@@ -107,7 +107,7 @@ def check_node(node: Rtnl, attachment: Attachment, ips: list[str], datapath: Dat
     for ip in ips:
         _require(ip in routed, f'the node has no route to {ip} via "{veth.name}"')
     if ips:
-        endpoint.check(datapath, node, veth.index, veth.name, ips)
+        endpoint_check.check(datapath, node, veth.index, veth.name, ips)
 
 
 def _require(ok: bool, details: str) -> None:

@@ -24,6 +24,7 @@ deletion (which waits for the kernel's RCU callbacks) is deferred.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 from cni.datapath.maps import Datapath
 from cni.net import conntrack, link, masq
@@ -69,22 +70,32 @@ def delete(
     def release(routed: list[str] | None) -> None:
         _release(conf, attachment, prev, routed, datapath, allocators)
 
-    if defer is not None:
-        with node_socket() as node:
-            veth = _own_veth(node, attachment)
-            if veth is not None:
-                # A delegated IPAM's addresses are known only from the node's routes,
-                # which the kernel drops once the veth is down.
-                routed = podnet.node_routed_ips(node, veth)
-                delete_veth = podnet.cut_off(node, veth, datapath, routed)
-        if veth is not None:
-            if conf.policy == "enforce":
-                defer(lambda: release(routed), delete_veth)
-            else:
-                release(routed)
-                defer(None, delete_veth)
-            return
-    release(None)
+    cut = _cut_off(attachment, datapath) if defer is not None else None
+    if defer is None or cut is None:
+        release(None)  # the veth, if any, goes first, then everything else
+    elif conf.policy == "enforce":
+        defer(lambda: release(cut.routed), cut.delete_veth)
+    else:
+        release(cut.routed)
+        defer(None, cut.delete_veth)
+
+
+class CutOff(NamedTuple):
+    routed: list[str]  # the addresses the node routed to the pair
+    delete_veth: Callable[[], None]
+
+
+def _cut_off(attachment: Attachment, datapath: Datapath) -> CutOff | None:
+    """The attachment's pair out of service (down, its endpoint forgotten), or None
+    if it has no veth of this network."""
+    with node_socket() as node:
+        veth = _own_veth(node, attachment)
+        if veth is None:
+            return None
+        # A delegated IPAM's addresses are known only from the node's routes, which
+        # the kernel drops once the veth is down.
+        routed = podnet.node_routed_ips(node, veth)
+        return CutOff(routed, podnet.cut_off(node, veth, datapath, routed))
 
 
 def finish_cut_off(
@@ -118,22 +129,28 @@ def _release(
     addresses the node routed to it), or with the pair (None: the veth, if any, is
     deleted here first)."""
     with ipam_client.client(conf.ipam, conf.cni_version, allocators) as ipam:
-        ips = set(ipam.addresses(attachment))
+        held = ipam.addresses(attachment)
         with node_socket() as node:
             if routed is None:
-                veth = _own_veth(node, attachment)
-                known = podnet.node_routed_ips(node, veth) if veth is not None else []
-                if not ips:
-                    ips.update(known)  # a delegated IPAM
-                podnet.disconnect(node, veth, datapath, sorted({*ips, *known}))
-            elif not ips:
-                ips.update(routed)
+                routed = _remove_veth(node, attachment, datapath, held)
+            ips = set(held or routed)  # a delegated IPAM's: those routed to the pod
             # prevResult may be stale (a late DEL): skip an address another pod now has.
             ips.update(ip for ip in prev_ips(prev, attachment) if not _routed_elsewhere(node, ip))
         if conf.ip_masq:
             masq.remove(conf.network, sorted(ips))
         forget_connections(sorted(ips))
         ipam.delete(attachment)
+
+
+def _remove_veth(
+    node: Rtnl, attachment: Attachment, datapath: Datapath, held: list[str]
+) -> list[str]:
+    """Delete the attachment's pair and forget its endpoint (also one whose veth is
+    already gone); return the addresses the node routed to it."""
+    veth = _own_veth(node, attachment)
+    routed = podnet.node_routed_ips(node, veth) if veth is not None else []
+    podnet.disconnect(node, veth, datapath, sorted({*held, *routed}))
+    return routed
 
 
 def _own_veth(node: Rtnl, attachment: Attachment) -> link.Link | None:

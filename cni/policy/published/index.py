@@ -3,7 +3,7 @@
 
 It holds what the agent's ``ShardSource`` receives: the node's own pods, the
 Services (their ClusterIPs, for the datapath), and the controller's objects
-for this node (``objects``): the node's PolicyTargets, the PolicyEndpoints of
+for this node (``shards``): the node's PolicyTargets, the PolicyEndpoints of
 every policy that selects a pod here, and the AddressSets those policies read.
 It answers the enforcer exactly as ``PolicyIndex`` does (``upsert``,
 ``delete``, ``replace_all``, ``resolve``, ...), with the same semantics: each
@@ -26,16 +26,9 @@ from typing import Any
 
 from cni.policy.kinds import KindHandlers
 from cni.policy.model import Pod, PodKey, PolicyKey, Service
-from cni.policy.published.objects import (
-    ADDRESS_SET,
-    POLICY_ENDPOINTS,
-    POLICY_TARGETS,
-    AddressShard,
-    PolicyShard,
-    TargetEntry,
-    TargetsShard,
-)
+from cni.policy.published.names import ADDRESS_SET, POLICY_ENDPOINTS, POLICY_TARGETS
 from cni.policy.published.sets import AddressSetKey, PublishedPeers, PublishedSet, address_sets
+from cni.policy.published.shards import AddressShard, PolicyShard, TargetEntry, TargetsShard
 from cni.policy.published.shardsets import SetKey, ShardSets
 from cni.policy.resolve import PodPolicyResolver
 from cni.policy.rules import CompiledPolicy, compile_policy
@@ -272,7 +265,7 @@ class ShardIndex(PodPolicyResolver[Pod | Service | Published]):
     ) -> dict[PodKey, Pod]:
         """The set's pods by key. A change rewrites one shard of a set that may have
         dozens: the other shards' entries are taken over as they were. (The shards'
-        Pods are shared already, one object per distinct entry: ``objects``.)"""
+        Pods are shared already, one object per distinct entry: ``shards``.)"""
         current = self._sets.get(set_id)
         if current is None or old is None or len(old) != len(shards):
             return {pod.key: pod for shard in shards for pod in shard.pods}

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Generic, Protocol, TypeVar
 
-from cni.policy.published.objects import ShardInfo
+from cni.policy.published.identity import ShardInfo
 
 
 class HasInfo(Protocol):

@@ -151,7 +151,7 @@ def unwire(net: AgentNetwork, wired_pod: PolicyPod) -> None:
 
 
 def test_cluster_ips_stay_in_the_datapath_until_services_have_synced(
-    cluster: Cluster, net: AgentNetwork, namespace: str
+    cluster: Cluster, net: AgentNetwork, namespace: str, pods: PodNamespaces
 ) -> None:
     apply(
         cluster,
@@ -177,6 +177,18 @@ def test_cluster_ips_stay_in_the_datapath_until_services_have_synced(
             assert cluster_ip in dp.network.service_ips(), (
                 "the ClusterIPs were rewritten before sync"
             )
+            # An ADD meanwhile waits for the sync, then is told to try again (11);
+            # code 50 is STATUS's.
+            early = net.network.run(
+                "ADD",
+                net.config(),
+                container_id=f"early-{uuid.uuid4().hex[:6]}",
+                netns=pods.new(),
+                ifname="eth0",
+                cni_args=k8s_args(namespace, "early"),
+            )
+            assert early.error_code == 11, early.stdout
+            assert "not synced yet: services" in early.out["details"], early.stdout
         finally:
             apply(cluster, agent_role(services=True))
         eventually(lambda: net.ask({"op": "status"})["ready"], "the agent synced", timeout=120)

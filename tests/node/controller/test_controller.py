@@ -24,6 +24,7 @@ from cni.controller.controller import Controller
 from cni.controller.sharding import placement_hash, shard_count
 from cni.kube.api import Api, Gone
 from cni.kube.informer import Informer
+from cni.policy.index import PolicyIndex
 from cni.policy.model import (
     NAMESPACE_NAME_LABEL,
     ContainerPort,
@@ -38,10 +39,25 @@ from cni.policy.model import (
     labels_of,
 )
 from cni.policy.parse import parse_pod
-from cni.policy.published import objects
-from cni.policy.published.objects import ADDRESS_SET, POLICY_ENDPOINTS, POLICY_TARGETS, TargetEntry
+from cni.policy.published.identity import shard_info
+from cni.policy.published.names import (
+    ADDRESS_SET,
+    NODE_LABEL_PREFIX,
+    POLICY_ENDPOINTS,
+    POLICY_TARGETS,
+    address_set_id,
+    address_set_name,
+    collection_path,
+    object_path,
+    policy_targets_name,
+)
+from cni.policy.published.render import (
+    address_set_object,
+    policy_endpoints_object,
+    policy_targets_object,
+)
 from cni.policy.published.sets import AddressSetKey
-from cni.policy.resolve import PolicyIndex
+from cni.policy.published.shards import TargetEntry, parse_policy_targets
 from cni.policy.selectors import PodGroup, target_group
 from tests.harness.cluster import Cluster
 from tests.harness.controller import (
@@ -263,7 +279,7 @@ def shards_by_set(found: dict[tuple[str, str], dict[str, Any]], kind: str) -> di
     sets: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for (k, _), obj in found.items():
         if k == kind:
-            info = objects.shard_info(obj)
+            info = shard_info(obj)
             sets.setdefault((info.set_namespace, info.set_name), []).append(obj)
     return sets
 
@@ -319,9 +335,9 @@ def test_published_objects_are_complete_bounded_owned_and_resolve_like_an_agent(
         selected = index.groups.members(target_group(policy))
         nodes = {pod.node_name for pod in world.pods if pod.key in selected}
         labelled = {
-            k.removeprefix(objects.NODE_LABEL_PREFIX)
+            k.removeprefix(NODE_LABEL_PREFIX)
             for k in body["metadata"]["labels"]
-            if k.startswith(objects.NODE_LABEL_PREFIX)
+            if k.startswith(NODE_LABEL_PREFIX)
         }
         assert labelled == nodes, policy.key
         for set_id in body["spec"]["addressSets"]:
@@ -329,7 +345,7 @@ def test_published_objects_are_complete_bounded_owned_and_resolve_like_an_agent(
     # AddressSets and PolicyTargets: complete and bounded.
     for kind, bound in ((ADDRESS_SET, SHARD_SIZE), (POLICY_TARGETS, TARGETS_SHARD_SIZE)):
         for set_key, shards in shards_by_set(found, kind).items():
-            infos = [objects.shard_info(shard) for shard in shards]
+            infos = [shard_info(shard) for shard in shards]
             (count,) = {info.count for info in infos}
             assert sorted(info.index for info in infos) == list(range(count)), set_key
             assert all(len(shard["spec"]["pods"]) <= bound for shard in shards), set_key
@@ -337,7 +353,7 @@ def test_published_objects_are_complete_bounded_owned_and_resolve_like_an_agent(
         entry.pod
         for (kind, _), body in found.items()
         if kind == POLICY_TARGETS
-        for entry in objects.parse_policy_targets(body).entries
+        for entry in parse_policy_targets(body).entries
     }
     assert listed == {pod.key for pod in world.pods}
 
@@ -353,7 +369,7 @@ def test_a_pod_label_change_rewrites_one_shard_of_each_set_it_moves_in(
     create_world(api, world.nodes, world.namespaces, world.pods, world.policies)
     start_controller(k8s_control_plane, controllers, tmp_path, "leader")
     a = world.namespaces[0].name
-    web_set = objects.address_set_id(AddressSetKey(PodGroup(a, None, select(app="web"))))
+    web_set = address_set_id(AddressSetKey(PodGroup(a, None, select(app="web"))))
 
     def in_a(pod: Pod, app: str) -> bool:
         return pod.namespace == a and pod.name.startswith(app)
@@ -393,7 +409,7 @@ def test_a_pod_label_change_rewrites_one_shard_of_each_set_it_moves_in(
     changed = [key for key in after if before.get(key) != after[key]]
     assert not [key for key in before if key not in after], "an object was deleted"
     per_set = Counter(
-        objects.shard_info(published(api)[key]).set_name for key in changed if key[0] == ADDRESS_SET
+        shard_info(published(api)[key]).set_name for key in changed if key[0] == ADDRESS_SET
     )
     assert per_set[web_set] == 1, changed
     assert all(n == 1 for n in per_set.values()), per_set
@@ -417,12 +433,12 @@ def keeps_shard_count(members: set[str], after: set[str]) -> bool:
 def write(api: Api, body: dict[str, Any]) -> str:
     """Create or replace a published object by hand; its new resourceVersion."""
     kind, name = body["kind"], body["metadata"]["name"]
-    current = api.get(objects.object_path(kind, name))
+    current = api.get(object_path(kind, name))
     if current is None:
-        stored = api.create(objects.collection_path(kind), body)
+        stored = api.create(collection_path(kind), body)
     else:
         body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-        stored = api.replace(objects.object_path(kind, name), body)
+        stored = api.replace(object_path(kind, name), body)
     return str(stored["metadata"]["resourceVersion"])
 
 
@@ -443,7 +459,7 @@ def test_an_agent_never_applies_a_partial_set(
 
     def set_shards(key: AddressSetKey, pods: list[Pod], count: int) -> list[dict[str, Any]]:
         return [
-            objects.address_set_object(
+            address_set_object(
                 key, i, count, [p for p in pods if int(p.name[1:]) % count == i], [node]
             )
             for i in range(count)
@@ -459,8 +475,8 @@ def test_an_agent_never_applies_a_partial_set(
     assert owner is not None
 
     def endpoints(generation: int, groups: list[PodGroup]) -> dict[str, Any]:
-        ids = [objects.address_set_id(AddressSetKey(g)) for g in groups]
-        return objects.policy_endpoints_object(
+        ids = [address_set_id(AddressSetKey(g)) for g in groups]
+        return policy_endpoints_object(
             policy(groups), owner["metadata"]["uid"], generation, ids, [node]
         )
 
@@ -478,7 +494,7 @@ def test_an_agent_never_applies_a_partial_set(
     write(api, endpoints(1, [peer_group]))
     write(
         api,
-        objects.policy_targets_object(node, 0, 1, [TargetEntry(target.key, uid, ("allow",))]),
+        policy_targets_object(node, 0, 1, [TargetEntry(target.key, uid, ("allow",))]),
     )
     agent = SimulatedAgent(Api(str(k8s_control_plane.kubeconfig)), node, "controller")
     agents.append(agent)
@@ -514,7 +530,7 @@ def test_an_agent_never_applies_a_partial_set(
     write_and_check(other_shards[1], second | cidrs(others))
 
     # A shard that goes missing removes nothing.
-    api.delete(objects.object_path(ADDRESS_SET, other_shards[0]["metadata"]["name"]))
+    api.delete(object_path(ADDRESS_SET, other_shards[0]["metadata"]["name"]))
     threading.Event().wait(1)
     agent.enforcer.enforce_now(list(agent.enforcer.endpoints))
     assert allowed(agent) == second | cidrs(others)
@@ -607,10 +623,10 @@ def test_a_restarted_controller_deletes_nothing_before_its_caches_sync(
     settled(api)
     first.stop()
     # An object of no policy, which a synced controller must sweep.
-    orphan = objects.address_set_object(
+    orphan = address_set_object(
         AddressSetKey(PodGroup(f"{prefix}-a", None, select(app="gone"))), 0, 1, [], []
     )
-    api.create(objects.collection_path(ADDRESS_SET), orphan)
+    api.create(collection_path(ADDRESS_SET), orphan)
     before = versions(api)
 
     gate = threading.Event()
@@ -759,8 +775,8 @@ def test_only_the_controllers_objects_count(
         return {peer.cidr for rule in installed.ingress for peer in rule.peers}
 
     eventually(lambda: allowed() == {"10.9.3.1/32", "10.9.3.2/32"}, "the peers allowed")
-    set_id = objects.address_set_id(AddressSetKey(PodGroup(namespace, None, select(app="peer"))))
-    real = published(api)[(ADDRESS_SET, objects.address_set_name(set_id, 0))]
+    set_id = address_set_id(AddressSetKey(PodGroup(namespace, None, select(app="peer"))))
+    real = published(api)[(ADDRESS_SET, address_set_name(set_id, 0))]
     forged = {
         "apiVersion": real["apiVersion"],
         "kind": ADDRESS_SET,
@@ -770,7 +786,7 @@ def test_only_the_controllers_objects_count(
             "pods": [*real["spec"]["pods"], {"pod": f"{namespace}/intruder", "ips": ["10.9.9.9"]}],
         },
     }
-    api.create(objects.collection_path(ADDRESS_SET), forged)
+    api.create(collection_path(ADDRESS_SET), forged)
     eventually(
         lambda: (ADDRESS_SET, forged["metadata"]["name"]) not in published(api),
         "the controller deletes the forgery",
@@ -787,7 +803,7 @@ def test_only_the_controllers_objects_count(
         process.stop()
     newcomer = Pod(namespace, "newcomer", labels_of({"app": "t"}), ("10.9.4.2",), node)
     create_world(api, pods=[newcomer])
-    name = objects.policy_targets_name(node, 0)
+    name = policy_targets_name(node, 0)
     targets = published(api)[(POLICY_TARGETS, name)]
     targets["spec"]["pods"].append(
         {"pod": f"{namespace}/newcomer", "uid": "", "policies": ["allow"]}

@@ -22,8 +22,13 @@ from typing import Any
 import pytest
 
 from cni.kube.api import Api
-from cni.policy.published import objects
-from cni.policy.published.objects import ADDRESS_SET, POLICY_ENDPOINTS
+from cni.policy.published.names import (
+    ADDRESS_SET,
+    POLICY_ENDPOINTS,
+    collection_path,
+    object_path,
+    policy_endpoints_name,
+)
 from tests.harness.cluster import Cluster
 from tests.harness.controller import (
     ControllerMode,
@@ -228,7 +233,7 @@ def test_a_forged_shard_adds_nobody_and_the_controller_deletes_it(
                 ],
             },
         }
-        api.create(objects.collection_path(ADDRESS_SET), forged)
+        api.create(collection_path(ADDRESS_SET), forged)
         forged_key = (ADDRESS_SET, forged["metadata"]["name"])
         deadline = time.monotonic() + 8
         while time.monotonic() < deadline:  # while it exists, and after
@@ -251,8 +256,8 @@ def test_a_policy_sluice_cannot_read_is_published_refused_and_isolates(
     matrix.apply(policy)
     api = Api(str(cluster.kubeconfig))
     try:
-        name = objects.policy_endpoints_name(matrix.namespace("x"), "into-a")
-        body = eventually(lambda: api.get(objects.object_path(POLICY_ENDPOINTS, name)), "published")
+        name = policy_endpoints_name(matrix.namespace("x"), "into-a")
+        body = eventually(lambda: api.get(object_path(POLICY_ENDPOINTS, name)), "published")
         rules = body["spec"]["policy"]["ingress"]
         assert rules[0] == {"from": [{"podSelector": {"matchLabels": {"pod": "b"}}}]}
         assert rules[1]["refused"].startswith("spec.ingress[1].from[0].ipBlock.except[0]")

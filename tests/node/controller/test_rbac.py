@@ -28,8 +28,14 @@ from cni.policy.model import (
     Pod,
     labels_of,
 )
-from cni.policy.published import objects
-from cni.policy.published.objects import ADDRESS_SET, POLICY_ENDPOINTS
+from cni.policy.published.names import (
+    ADDRESS_SET,
+    API_BASE,
+    POLICY_ENDPOINTS,
+    address_set_name,
+    collection_path,
+)
+from cni.policy.published.render import address_set_object, policy_endpoints_object
 from cni.policy.published.sets import AddressSetKey
 from cni.policy.selectors import PodGroup
 from tests.harness.cluster import Cluster
@@ -74,10 +80,10 @@ def secured(k8s_control_plane: Cluster) -> Iterator[Cluster]:
 
     def refused() -> bool:  # the policy takes a moment to be loaded
         try:
-            admin.create(objects.collection_path(ADDRESS_SET), copy.deepcopy(probe))
+            admin.create(collection_path(ADDRESS_SET), copy.deepcopy(probe))
         except ApiError as err:
             return err.status == 403
-        admin.delete(f"{objects.collection_path(ADDRESS_SET)}/{probe['metadata']['name']}")
+        admin.delete(f"{collection_path(ADDRESS_SET)}/{probe['metadata']['name']}")
         return False
 
     try:
@@ -90,10 +96,8 @@ def secured(k8s_control_plane: Cluster) -> Iterator[Cluster]:
 
 def address_set(set_id: str) -> dict[str, Any]:
     """An AddressSet shard exactly as the controller writes one (but for its id)."""
-    body = objects.address_set_object(
-        AddressSetKey(PodGroup("x", None, LabelSelector())), 0, 1, [], []
-    )
-    body["metadata"]["name"] = objects.address_set_name(set_id, 0)
+    body = address_set_object(AddressSetKey(PodGroup("x", None, LabelSelector())), 0, 1, [], [])
+    body["metadata"]["name"] = address_set_name(set_id, 0)
     body["spec"]["setID"] = set_id
     return body
 
@@ -102,10 +106,10 @@ def writes(api: Api, body: dict[str, Any]) -> str:
     """Create, replace, delete: "ok", or the first refusal (status and message)."""
     name = body["metadata"]["name"]
     try:
-        stored = api.create(objects.collection_path(ADDRESS_SET), copy.deepcopy(body))
+        stored = api.create(collection_path(ADDRESS_SET), copy.deepcopy(body))
         stored["spec"]["pods"] = [{"pod": "x/intruder", "ips": ["10.9.9.9"]}]
-        api.replace(f"{objects.collection_path(ADDRESS_SET)}/{name}", stored)
-        api.delete(f"{objects.collection_path(ADDRESS_SET)}/{name}")
+        api.replace(f"{collection_path(ADDRESS_SET)}/{name}", stored)
+        api.delete(f"{collection_path(ADDRESS_SET)}/{name}")
     except ApiError as err:
         return f"{err.status} {err}"
     return "ok"
@@ -179,13 +183,13 @@ def test_only_the_controllers_service_account_writes_policy_objects(
         tenant = writes(clients["tenant"], address_set(set_id))
         assert tenant.startswith("403") and "cannot create resource" in tenant, tenant
         # Nor through a namespaced path: there is none (a Role would reach it).
-        forged_policy = objects.policy_endpoints_object(
+        forged_policy = policy_endpoints_object(
             NetworkPolicy(tenant_ns, "allow-all", LabelSelector()), "uid-1", 1, [], []
         )
         forged_policy["metadata"]["namespace"] = tenant_ns
         with pytest.raises(ApiError) as namespaced:
             clients["tenant"].create(
-                f"{objects.API_BASE}/namespaces/{tenant_ns}/policyendpoints", forged_policy
+                f"{API_BASE}/namespaces/{tenant_ns}/policyendpoints", forged_policy
             )
         assert namespaced.value.status == 404, namespaced.value
         # RBAC lets the other operator and the administrator; the admission policy not.
@@ -197,8 +201,8 @@ def test_only_the_controllers_service_account_writes_policy_objects(
         assert writes(clients["controller"], address_set(set_id)) == "ok"
         # Nobody else deletes what the controller wrote, either.
         kept = address_set(f"as-kept{uuid.uuid4().hex[:6]}")
-        clients["controller"].create(objects.collection_path(ADDRESS_SET), kept)
-        path = f"{objects.collection_path(ADDRESS_SET)}/{kept['metadata']['name']}"
+        clients["controller"].create(collection_path(ADDRESS_SET), kept)
+        path = f"{collection_path(ADDRESS_SET)}/{kept['metadata']['name']}"
         with pytest.raises(ApiError) as deleted:
             clients["operator"].delete(path)
         assert deleted.value.status == 403
@@ -238,7 +242,7 @@ def test_the_controller_publishes_with_its_service_account(
         "--lease-namespace", "kube-system",
     ).start()  # fmt: skip
     try:
-        path = f"{objects.collection_path(POLICY_ENDPOINTS)}/{namespace}.deny"
+        path = f"{collection_path(POLICY_ENDPOINTS)}/{namespace}.deny"
         published = eventually(
             lambda: admin.get(path),
             "the controller publishes the policy's PolicyEndpoints",

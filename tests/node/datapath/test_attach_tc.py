@@ -14,7 +14,8 @@ import pytest
 
 from cni.datapath import loader
 from cni.datapath import policy_install as P
-from cni.datapath.endpoint import HOOKS, attached_programs, link_path, pinned_programs
+from cni.datapath.attach import HOOKS, link_path
+from cni.datapath.endpoint_check import attached_programs, pinned_programs
 from cni.datapath.maps import Datapath
 from cni.net.netlink import node_socket
 from cni.policy.vocabulary import EndpointPolicy

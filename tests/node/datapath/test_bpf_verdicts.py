@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from cni.datapath import bpf, loader
+from cni.datapath import bpf, bpf_programs, loader
 from cni.datapath import policy_install as P
 from cni.datapath.maps import Datapath
 from cni.datapath.structs import (
@@ -47,8 +47,8 @@ class Bench:
     progs: dict[str, int]
 
     def run(self, program: str, frame: bytes, ifindex: int, ingress_ifindex: int = 0) -> int:
-        ctx = bpf.SkBuff(ifindex=ifindex, ingress_ifindex=ingress_ifindex)
-        return bpf.test_run(self.progs[program], frame, ctx)[0]
+        ctx = bpf_programs.SkBuff(ifindex=ifindex, ingress_ifindex=ingress_ifindex)
+        return bpf_programs.test_run(self.progs[program], frame, ctx)[0]
 
     def out_of(self, ifindex: int, frame: bytes) -> int:
         """The pod behind ``ifindex`` sends ``frame`` (from-pod)."""

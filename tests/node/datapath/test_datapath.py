@@ -21,10 +21,19 @@ import pytest
 
 from cni.datapath import bpf, loader, settings
 from cni.datapath import policy_install as P
-from cni.datapath.endpoint import HOOKS, link_path, pinned_programs
+from cni.datapath.attach import HOOKS, link_path
+from cni.datapath.endpoint_check import pinned_programs
 from cni.datapath.events import follow
 from cni.datapath.maps import Datapath, DatapathMismatch
-from cni.policy.vocabulary import EndpointPolicy, Ports
+from cni.policy.vocabulary import (
+    Action,
+    EndpointPolicy,
+    PeerCIDR,
+    PolicyError,
+    Ports,
+    Tier,
+    TierRule,
+)
 from cni.spec.errors import CNIError
 from tests.harness.cni_run import (
     SLUICECTL,
@@ -384,6 +393,26 @@ def test_a_new_policy_cuts_flows_it_denies(trio: list[Pod], dp: Datapath) -> Non
 
 
 # -- lifecycle: DEL, reload, CHECK -------------------------------------------------------------
+
+
+def test_a_policy_with_tiers_is_refused_and_the_live_one_stays(
+    trio: list[Pod], dp: Datapath
+) -> None:
+    """The datapath compiles no cluster-wide tiers yet: such an endpoint policy is
+    refused whole, never installed without its tiers, and the live one keeps judging."""
+    a, b, c = trio
+    live = EndpointPolicy(ingress=allow(rule(f"{a.ip}/32", ports=(tcp(8080),))))
+    generation = P.install(dp, b.ifindex, live)
+    accept_c = Tier("security", ingress=(TierRule(Action.ACCEPT, (PeerCIDR(f"{c.ip}/32"),)),))
+    failed: dict[int, PolicyError] = {}
+    installed = P.install_many(
+        dp, {b.ifindex: EndpointPolicy(ingress=(), before=(accept_c,))}, failed=failed
+    )
+    assert installed == {} and "tiers 'security'" in str(failed[b.ifindex])
+    assert dp.endpoints.get(b.ifindex).policy_gen == generation  # type: ignore[union-attr]
+    with Server(b, tcp=(8080,)):
+        assert a.connects(b, 8080)
+        assert not c.connects(b, 8080), "the refused tier's Accept is not in force"
 
 
 def test_del_leaves_no_stale_entries(network: Network, pods: PodNamespaces, dp: Datapath) -> None:

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from cni.datapath import bpf, ctpool, endpoint
+from cni.datapath import attach, bpf, bpf_links, ctpool, endpoint
 from cni.datapath import policy_install as P
 from cni.datapath.maps import Datapath, ct_key
 from cni.datapath.structs import CT_SHARES
@@ -152,11 +152,11 @@ def check_state(live: dict[str, tuple[str, int]], installed: dict[int, int]) -> 
         for cid, (_, ifindex) in live.items():
             ep = endpoints.get(ifindex)
             assert ep is not None, f"{cid} has no endpoint"
-            for program in endpoint.HOOKS:
-                path = endpoint.link_path(TEST_BPF_DIR, ifindex, program)
+            for program in attach.HOOKS:
+                path = attach.link_path(TEST_BPF_DIR, ifindex, program)
                 fd = bpf.obj_get(path)
                 try:
-                    assert bpf.link_info(fd).ifindex == ifindex, f"{cid}: {program} detached"
+                    assert bpf_links.link_info(fd).ifindex == ifindex, f"{cid}: {program} detached"
                 finally:
                     os.close(fd)
             assert ifindex in dp.conntrack.tables(), f"{cid} lost its conntrack table"
@@ -165,7 +165,7 @@ def check_state(live: dict[str, tuple[str, int]], installed: dict[int, int]) -> 
                 assert ep.policy_gen == gen, f"{cid}: generation {ep.policy_gen}, not {gen}"
                 assert ep.ingress_policy in policy_ids, f"{cid}: its live policy maps are gone"
         # Nothing of a gone veth, and no garbage after the last GC's reap.
-        links = Path(TEST_BPF_DIR, endpoint.LINKS)
+        links = Path(TEST_BPF_DIR, attach.LINKS)
         for pin in links.iterdir() if links.exists() else ():
             assert int(pin.name.split("_")[0]) in alive, f"stale link pin {pin.name}"
         assert set(endpoints) <= alive, "endpoints of gone veths"

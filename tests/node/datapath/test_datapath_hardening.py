@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cni.datapath import endpoint
+from cni.datapath import attach, endpoint
 from cni.datapath.maps import Datapath
 from cni.net import link
 from cni.net.netlink import Rtnl
@@ -157,5 +157,5 @@ def test_del_deletes_the_veth_before_it_unpins_the_filter(
     with Rtnl() as node, Datapath(TEST_BPF_DIR) as datapath:
         podnet.disconnect(node, link.get_link(node, veth), datapath)
     assert seen == [False], "the veth was gone when its links were unpinned"
-    assert not Path(endpoint.link_path(TEST_BPF_DIR, ifindex, "from_pod")).exists()
+    assert not Path(attach.link_path(TEST_BPF_DIR, ifindex, "from_pod")).exists()
     network.delete(netns, "order").ok()

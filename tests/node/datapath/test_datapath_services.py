@@ -27,9 +27,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from cni.datapath import after_nat, endpoint, loader
+from cni.datapath import after_nat, loader
 from cni.datapath import policy_install as P
 from cni.datapath.maps import Datapath
+from cni.datapath.uplink import attach_uplink, detach_uplink
 from cni.net.netlink import Rtnl
 from cni.policy.vocabulary import AllowRule, EndpointPolicy, PeerCIDR, Ports
 from tests.harness.cni_run import (
@@ -108,11 +109,11 @@ def far_side(pods: PodNamespaces, uplink_program: bool) -> Iterator[Remote]:
             in_netns(netns, *command, check=True)
         if uplink_program:
             with Rtnl() as ipr, Datapath(TEST_BPF_DIR) as datapath:
-                endpoint.attach_uplink(datapath, ipr, name)
+                attach_uplink(datapath, ipr, name)
         yield Remote(netns, name, backend, node_side)
     finally:
         with Rtnl() as ipr, Datapath(TEST_BPF_DIR) as datapath, contextlib.suppress(OSError):
-            endpoint.detach_uplink(datapath, ipr, name)
+            detach_uplink(datapath, ipr, name)
         subprocess.run(["ip", "link", "del", name], check=False, capture_output=True)
 
 
@@ -197,8 +198,8 @@ def test_a_remote_backend_is_judged_at_the_uplink(
     a, b, _ = cluster
     if restarted:
         with Rtnl() as ipr, Datapath(TEST_BPF_DIR) as again:
-            endpoint.attach_uplink(again, ipr, remote.uplink)
-            endpoint.attach_uplink(again, ipr, remote.uplink)
+            attach_uplink(again, ipr, remote.uplink)
+            attach_uplink(again, ipr, remote.uplink)
     svc = cluster_ip()
     kube_proxy.service("R", svc, [(remote.backend, 8080)])
     dp.network.set_service_ips([svc])

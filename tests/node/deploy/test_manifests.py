@@ -18,7 +18,7 @@ from cni.agent.kube_source import COLLECTIONS
 from cni.agent.shard_source import controller_collections
 from cni.controller.controller import INPUTS
 from cni.plugin import release
-from cni.policy.published.objects import ADDRESS_SET, POLICY_ENDPOINTS, POLICY_TARGETS
+from cni.policy.published.names import ADDRESS_SET, POLICY_ENDPOINTS, POLICY_TARGETS
 from tests.harness.cluster import Cluster
 from tests.harness.cni_run import sluicectl
 from tests.harness.fixtures import KEEP_LOGS_ENV, _cache_or_skip

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from cni.agent.enforcer import EndpointKey, Enforcer
+from cni.agent.endpoint_installs import EndpointKey
+from cni.agent.enforcer import Enforcer
+from cni.agent.enforcer_views import describe_endpoints
 from cni.agent.local_store import LocalStore
 from cni.agent.state import AgentState, EndpointRecord
 from cni.policy.manifest import load_manifest
@@ -70,7 +72,7 @@ def holds(fake: FakeDatapath, wanted: dict[int, EndpointPolicy]) -> bool:
 def pending(enforcer: Enforcer) -> set[PodKey]:
     """The pods whose endpoint the enforcer does not report installed."""
     found: set[PodKey] = set()
-    for entry in enforcer.describe_endpoints():
+    for entry in describe_endpoints(enforcer):
         if entry["pending"]:
             namespace, name = entry["pod"].split("/")
             found.add((namespace, name))
@@ -90,7 +92,7 @@ def converged(enforcer: Enforcer, fake: FakeDatapath, wanted: dict[int, Endpoint
 def assert_nothing_reported_that_is_not_held(enforcer: Enforcer, fake: FakeDatapath) -> None:
     """What the enforcer reports installed (not pending) is what the datapath holds."""
     with enforcer.lock:
-        for entry in enforcer.describe_endpoints():
+        for entry in describe_endpoints(enforcer):
             if entry["pending"]:
                 continue
             endpoint = (entry["containerID"], entry["ifname"])

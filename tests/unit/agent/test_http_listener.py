@@ -15,16 +15,9 @@ from collections.abc import Iterator
 import pytest
 
 from cni.agent import metrics_http
-from cni.agent.http_listener import (
-    Answer,
-    Limits,
-    Listener,
-    ListenError,
-    Request,
-    _Connection,
-    _TurnsBySource,
-    parse_address,
-)
+from cni.agent.http_connections import Connection, TurnsBySource
+from cni.agent.http_listener import Limits, Listener, ListenError, parse_address
+from cni.agent.http_messages import Answer, Request
 
 FAST = Limits(deadline=1.0, per_source=2, max_open=6, head_limit=256, workers=1, min_gap=0.0)
 BIG = 4 * 1024 * 1024  # an answer larger than any socket buffer
@@ -185,9 +178,9 @@ def test_a_client_that_takes_no_answer_holds_no_worker(listener: Listener) -> No
 
 
 def test_whole_requests_are_taken_in_turn_by_source() -> None:
-    turns = _TurnsBySource()
+    turns = TurnsBySource()
     for source, name in (("a", "a1"), ("a", "a2"), ("a", "a3"), ("b", "b1"), ("c", "c1")):
-        connection = _Connection(socket.socket(), source, 0.0)
+        connection = Connection(socket.socket(), source, 0.0)
         connection.request = Request("GET", name, source)
         turns.put(connection)
     taken = []

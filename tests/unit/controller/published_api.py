@@ -10,16 +10,23 @@ from typing import Any, Protocol
 
 from cni.controller.planner import Plan
 from cni.controller.publisher import Publisher
-from cni.policy.published import objects
+from cni.policy.published.identity import ShardInfo, shard_info
 from cni.policy.published.index import ShardIndex
-from cni.policy.published.objects import (
+from cni.policy.published.names import (
     ADDRESS_SET,
     POLICY_ENDPOINTS,
     POLICY_TARGETS,
+    TARGETS_NODE_LABEL,
+    node_label,
+    node_label_key,
+)
+from cni.policy.published.shards import (
     AddressShard,
     PolicyShard,
-    ShardInfo,
     TargetsShard,
+    parse_address_set,
+    parse_policy_endpoints,
+    parse_policy_targets,
 )
 
 Key = tuple[str, str]  # (kind, name)
@@ -57,7 +64,7 @@ class PublishedStore:
                 self.objects[key] = stored
             stored["metadata"]["resourceVersion"] = str(next(self._versions))
             self.writes.append((write.verb, key))
-            publisher.observe(objects.shard_info(stored))
+            publisher.observe(shard_info(stored))
         for info in plan.deletions:
             self.objects.pop(info.object_key, None)
             self.writes.append(("delete", info.object_key))
@@ -65,18 +72,16 @@ class PublishedStore:
 
     def for_node(self, node: str) -> tuple[list[Any], list[Any], list[Any]]:
         """(PolicyEndpoints, AddressSets, PolicyTargets) a node's agent watches, parsed."""
-        label = objects.node_label_key(node)
+        label = node_label_key(node)
         policies, sets, targets = [], [], []
         for (kind, _), body in sorted(self.objects.items()):
             labels = body["metadata"].get("labels", {})
             if kind == POLICY_ENDPOINTS and label in labels:
-                policies.append(objects.parse_policy_endpoints(body))
+                policies.append(parse_policy_endpoints(body))
             elif kind == ADDRESS_SET and label in labels:
-                sets.append(objects.parse_address_set(body))
-            elif kind == POLICY_TARGETS and labels.get(
-                objects.TARGETS_NODE_LABEL
-            ) == objects.node_label(node):
-                targets.append(objects.parse_policy_targets(body))
+                sets.append(parse_address_set(body))
+            elif kind == POLICY_TARGETS and labels.get(TARGETS_NODE_LABEL) == node_label(node):
+                targets.append(parse_policy_targets(body))
         return policies, sets, targets
 
     def feed(self, index: ShardIndex) -> None:

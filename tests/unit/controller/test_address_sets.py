@@ -6,7 +6,7 @@ from __future__ import annotations
 from cni.controller.address_sets import AddressSets
 from cni.controller.changes import Changes
 from cni.policy.model import EVERYTHING, LabelSelector, labels_of
-from cni.policy.published import objects
+from cni.policy.published.names import address_set_id
 from cni.policy.published.sets import AddressSetKey
 from cni.policy.selectors import PodGroup
 
@@ -28,8 +28,8 @@ def test_the_first_reader_makes_the_set_and_every_shard_is_written() -> None:
     assert changes.take().sets == {web: None, db: None}
     made = sets.get(web)
     assert made is not None and made.users == {P} and made.shards == 0
-    assert made.id == objects.address_set_id(web) and sets.key_of(made.id) == web
-    assert sets.ids_of(P) == [objects.address_set_id(web), objects.address_set_id(db)]
+    assert made.id == address_set_id(web) and sets.key_of(made.id) == web
+    assert sets.ids_of(P) == [address_set_id(web), address_set_id(db)]
     # A second reader writes nothing.
     sets.use(Q, (web,), nodes=())
     assert not changes and sets.get(web) is made and made.users == {P, Q}
@@ -41,7 +41,7 @@ def test_the_last_reader_gone_retires_the_set() -> None:
     web = AddressSetKey(WEB)
     sets.use(P, (web,), nodes=())
     sets.use(Q, (web,), nodes=())
-    set_id = objects.address_set_id(web)
+    set_id = address_set_id(web)
     changes.take()
     sets.use(P, (), nodes=())
     assert sets.get(web) is not None and not changes.take().retired

@@ -18,7 +18,7 @@ from cni.policy.model import (
     PolicyRule,
     labels_of,
 )
-from cni.policy.published import objects
+from cni.policy.published.names import address_set_id, pod_name
 from cni.policy.published.sets import address_sets
 
 PEERS = LabelSelector(labels_of({"role": "peer"}))
@@ -85,7 +85,7 @@ def test_the_same_policy_again_changes_nothing_and_a_new_generation_rewrites_it(
 def test_a_policy_removed_retires_its_sets_and_retargets_its_pods() -> None:
     desired = cluster()
     (key,) = address_sets(FROM_PEERS)
-    set_id = objects.address_set_id(key)
+    set_id = address_set_id(key)
     desired.remove_policy(FROM_PEERS.key)
     changes = desired.changes.take()
     assert changes.retired == {key: set_id} and changes.policies == {FROM_PEERS.key}
@@ -148,7 +148,7 @@ def test_objects_come_by_kind_and_a_relist_removes_what_it_lacks() -> None:
 
 def test_a_pods_placement_is_the_hash_of_its_name() -> None:
     desired = cluster()
-    assert desired.placement(PEER.key) == placement_hash(objects.pod_name(PEER.key))
+    assert desired.placement(PEER.key) == placement_hash(pod_name(PEER.key))
     assert desired.placement(PEER.key) == desired.placement(PEER.key)
 
 

@@ -6,28 +6,30 @@ from __future__ import annotations
 from dataclasses import replace
 
 from cni.controller.ledger import Ledger
-from cni.policy.published import objects
-from cni.policy.published.objects import (
-    ADDRESS_SET,
-    POLICY_ENDPOINTS,
-    POLICY_TARGETS,
+from cni.policy.published.identity import (
     AddressSetInfo,
     PolicyEndpointsInfo,
     PolicyTargetsInfo,
     ShardInfo,
 )
+from cni.policy.published.names import (
+    ADDRESS_SET,
+    POLICY_ENDPOINTS,
+    POLICY_TARGETS,
+    address_set_name,
+    policy_endpoints_name,
+    policy_targets_name,
+)
 
 
 def shard(index: int, count: int = 2, version: str = "1", set_id: str = "as-1") -> ShardInfo:
-    name = objects.address_set_name(set_id, index)
+    name = address_set_name(set_id, index)
     return AddressSetInfo(ADDRESS_SET, name, "", set_id, (), index, count, resource_version=version)
 
 
-POLICY_NAME = objects.policy_endpoints_name("x", "p")
+POLICY_NAME = policy_endpoints_name("x", "p")
 POLICY = PolicyEndpointsInfo(POLICY_ENDPOINTS, POLICY_NAME, "x", "p", ("uid", "1"), 0, 1)
-TARGETS = PolicyTargetsInfo(
-    POLICY_TARGETS, objects.policy_targets_name("n0", 0), "", "n0", (), 0, 1
-)
+TARGETS = PolicyTargetsInfo(POLICY_TARGETS, policy_targets_name("n0", 0), "", "n0", (), 0, 1)
 FORGED = replace(shard(0), name="evil", foreign="its name is not the one its spec derives")
 
 

@@ -19,13 +19,17 @@ from cni.policy.model import (
     PolicyRule,
     labels_of,
 )
-from cni.policy.published import objects
-from cni.policy.published.objects import (
+from cni.policy.published.identity import shard_info
+from cni.policy.published.names import (
     ADDRESS_SET,
     MANAGED_BY,
     POLICY_ENDPOINTS,
     POLICY_TARGETS,
+    address_set_id,
+    address_set_name,
+    policy_endpoints_name,
 )
+from cni.policy.published.render import policy_endpoints_object, policy_targets_object
 from cni.policy.published.sets import address_sets
 from tests.unit.controller.published_api import PublishedStore
 
@@ -90,13 +94,13 @@ def test_an_object_edited_behind_its_back_is_replaced_from_its_version() -> None
     plans, store = published()
     body = changed_behind_its_back(store, POLICY_ENDPOINTS)
     body["spec"]["addressSets"] = []
-    info = objects.shard_info(body)
+    info = shard_info(body)
     plans.ledger.observe(info)
     plans.recheck(info)
     (write,) = plans.plan().writes
     assert (write.verb, write.kind, write.resource_version) == ("replace", POLICY_ENDPOINTS, "999")
     assert write.body["metadata"]["resourceVersion"] == "999"
-    assert write.body["spec"]["addressSets"] == [objects.address_set_id(address_sets(ALLOW)[0])]
+    assert write.body["spec"]["addressSets"] == [address_set_id(address_sets(ALLOW)[0])]
 
 
 def test_labels_edited_behind_its_back_are_patched_back() -> None:
@@ -105,7 +109,7 @@ def test_labels_edited_behind_its_back_are_patched_back() -> None:
     labels = body["metadata"]["labels"]
     del labels["app.kubernetes.io/managed-by"]
     labels["stray"] = "yes"
-    info = objects.shard_info(body)
+    info = shard_info(body)
     plans.ledger.observe(info)
     plans.recheck(info)
     (write,) = plans.plan().writes
@@ -118,7 +122,7 @@ def test_a_recheck_of_what_is_as_it_should_be_writes_nothing() -> None:
     for kind in (ADDRESS_SET, POLICY_ENDPOINTS, POLICY_TARGETS):
         for (k, _), body in store.objects.items():
             if k == kind:
-                plans.recheck(objects.shard_info(body))
+                plans.recheck(shard_info(body))
     assert plans.pending() and not plans.plan()
 
 
@@ -131,7 +135,7 @@ def test_a_failed_write_or_deletion_is_planned_again() -> None:
     assert [(w.verb, w.key) for w in again.writes] == [(w.verb, w.key) for w in first.writes]
     # A failed deletion of a set nobody reads: the sweep finds it again.
     plans, store = published()
-    (info,) = [objects.shard_info(b) for (k, _), b in store.objects.items() if k == ADDRESS_SET]
+    (info,) = [shard_info(b) for (k, _), b in store.objects.items() if k == ADDRESS_SET]
     plans.desired.remove_policy(ALLOW.key)
     plans.plan()  # its deletion fails
     plans.replan(info)
@@ -145,7 +149,7 @@ def test_a_set_no_policy_reads_is_deleted_after_the_writes() -> None:
     plan = plans.plan()
     assert kinds_of(plan) == [("replace", POLICY_TARGETS)]  # n0's target, selected by none
     assert {info.object_key for info in plan.deletions} == set_shards | {
-        (POLICY_ENDPOINTS, objects.policy_endpoints_name("x", "allow"))
+        (POLICY_ENDPOINTS, policy_endpoints_name("x", "allow"))
     }
 
 
@@ -153,11 +157,11 @@ def test_only_a_sweep_deletes_what_belongs_to_nothing() -> None:
     plans, _ = published()
     gone = NetworkPolicy("x", "gone")
     orphans = [
-        objects.policy_endpoints_object(gone, "uid-9", 1, [], []),
-        objects.policy_targets_object("n9", 0, 1, []),
+        policy_endpoints_object(gone, "uid-9", 1, [], []),
+        policy_targets_object("n9", 0, 1, []),
     ]
     for body in orphans:
-        plans.ledger.observe(objects.shard_info(body))
+        plans.ledger.observe(shard_info(body))
     assert not plans.plan().deletions
     plans.recompute_everything()
     plan = plans.plan()
@@ -171,7 +175,7 @@ def test_a_foreign_object_is_deleted_by_every_plan_until_it_is_gone() -> None:
     plans, store = published()
     (body,) = [copy.deepcopy(b) for (k, _), b in store.objects.items() if k == ADDRESS_SET]
     body["metadata"]["name"] = "evil"
-    forged = objects.shard_info(body)
+    forged = shard_info(body)
     assert not plans.ledger.observe(forged)
     assert plans.pending()
     assert plans.plan().deletions == [forged]
@@ -200,7 +204,7 @@ def test_a_set_is_cut_into_shards_by_capacity_and_shrinks_far_below_it() -> None
     plan = plans.plan()
     assert state.shards == 1
     assert [(w.verb, w.name) for w in plan.writes if w.kind == ADDRESS_SET] == [
-        ("replace", objects.address_set_name(state.id, 0))
+        ("replace", address_set_name(state.id, 0))
     ]
     assert sorted(info.index for info in plan.deletions if info.kind == ADDRESS_SET) == list(
         range(1, len(shards))

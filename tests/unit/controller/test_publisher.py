@@ -19,8 +19,8 @@ from cni.policy.model import (
     PolicyRule,
     labels_of,
 )
-from cni.policy.published import objects
-from cni.policy.published.objects import ADDRESS_SET, INFO_TYPES, POLICY_TARGETS
+from cni.policy.published.identity import INFO_TYPES, shard_info
+from cni.policy.published.names import ADDRESS_SET, POLICY_TARGETS
 from tests.unit.controller.published_api import PublishedStore, publish
 
 PEERS = LabelSelector(labels_of({"role": "peer"}))
@@ -40,7 +40,7 @@ def published() -> tuple[Publisher, PublishedStore]:
 
 
 def relist(publisher: Publisher, store: PublishedStore, kind: str) -> None:
-    infos = [objects.shard_info(body) for (k, _), body in store.objects.items() if k == kind]
+    infos = [shard_info(body) for (k, _), body in store.objects.items() if k == kind]
     publisher.replace_all(INFO_TYPES[kind], infos)
 
 
@@ -61,7 +61,7 @@ def test_an_object_edited_behind_its_back_is_written_back() -> None:
     body["spec"]["pods"] = []
     body["metadata"]["resourceVersion"] = "999"
     store.objects[key] = body
-    publisher.observe(objects.shard_info(body))
+    publisher.observe(shard_info(body))
     assert publisher.pending()
     (write,) = publisher.plan().writes
     assert (write.verb, write.key, write.resource_version) == ("replace", key, "999")
@@ -70,7 +70,7 @@ def test_an_object_edited_behind_its_back_is_written_back() -> None:
 def test_an_object_deleted_behind_its_back_is_created_again() -> None:
     publisher, store = published()
     (key,) = [k for k in store.objects if k[0] == POLICY_TARGETS]
-    publisher.delete(objects.shard_info(store.objects.pop(key)))
+    publisher.delete(shard_info(store.objects.pop(key)))
     (write,) = publisher.plan().writes
     assert (write.verb, write.key) == ("create", key)
 

@@ -18,7 +18,7 @@ from cni.policy.model import (
     PolicyRule,
     labels_of,
 )
-from cni.policy.published.objects import ADDRESS_SET, POLICY_ENDPOINTS, POLICY_TARGETS
+from cni.policy.published.names import ADDRESS_SET, POLICY_ENDPOINTS, POLICY_TARGETS
 from tests.unit.controller.published_api import PublishedStore, publish
 
 

@@ -20,9 +20,10 @@ from cni.policy.model import (
     PolicyRule,
     labels_of,
 )
-from cni.policy.published import objects
+from cni.policy.published.identity import shard_info
 from cni.policy.published.index import ShardIndex
-from cni.policy.published.objects import ADDRESS_SET, POLICY_ENDPOINTS
+from cni.policy.published.names import ADDRESS_SET, POLICY_ENDPOINTS
+from cni.policy.published.shards import parse_address_set, parse_policy_endpoints
 from tests.unit.controller.published_api import PublishedStore, publish
 
 PEERS = LabelSelector(labels_of({"role": "peer"}))
@@ -48,9 +49,9 @@ def one(store: PublishedStore, kind: str) -> dict[str, Any]:
 
 def test_the_controllers_objects_are_read() -> None:
     _, store = published_cluster()
-    shard = objects.parse_address_set(one(store, ADDRESS_SET))
+    shard = parse_address_set(one(store, ADDRESS_SET))
     assert [pod.key for pod in shard.pods] == [("x", "peer")]
-    policy = objects.parse_policy_endpoints(one(store, POLICY_ENDPOINTS))
+    policy = parse_policy_endpoints(one(store, POLICY_ENDPOINTS))
     assert policy.info.name == "x.allow" and policy.info.set_key == (POLICY_ENDPOINTS, "x", "allow")
 
 
@@ -61,9 +62,9 @@ def test_a_shard_under_another_name_is_refused_and_shadows_nothing() -> None:
     forged["metadata"]["name"] = "evil"
     forged["spec"]["pods"].append({"pod": "x/intruder", "ips": ["10.9.9.9"]})
     with pytest.raises(PolicyInputError, match=r"its name is not as-.*-0, the one its spec"):
-        objects.parse_address_set(forged)
+        parse_address_set(forged)
     # The controller deletes it, and nothing else.
-    publisher.observe(objects.shard_info(forged))
+    publisher.observe(shard_info(forged))
     plan = publisher.plan()
     assert [d.name for d in plan.deletions] == ["evil"] and plan.writes == []
 
@@ -73,7 +74,7 @@ def test_an_object_without_the_managed_by_label_is_refused() -> None:
     body = one(store, ADDRESS_SET)
     del body["metadata"]["labels"]["app.kubernetes.io/managed-by"]
     with pytest.raises(PolicyInputError, match=r"lacks the label app\.kubernetes\.io/managed-by"):
-        objects.parse_address_set(body)
+        parse_address_set(body)
 
 
 def test_policy_endpoints_without_the_policy_uid_are_refused_and_rewritten() -> None:
@@ -81,9 +82,9 @@ def test_policy_endpoints_without_the_policy_uid_are_refused_and_rewritten() -> 
     body = one(store, POLICY_ENDPOINTS)
     body["spec"]["policyUID"] = ""
     with pytest.raises(PolicyInputError, match="names no policy uid"):
-        objects.parse_policy_endpoints(body)
+        parse_policy_endpoints(body)
     body["metadata"]["resourceVersion"] = "999"
-    publisher.observe(objects.shard_info(body))
+    publisher.observe(shard_info(body))
     plan = publisher.plan()
     assert [(w.name, w.verb) for w in plan.writes] == [("x.allow", "replace")]
     assert plan.writes[0].body["spec"]["policyUID"] == "uid-1"
@@ -94,7 +95,7 @@ def test_a_label_stripped_by_someone_else_is_put_back() -> None:
     body = one(store, ADDRESS_SET)
     del body["metadata"]["labels"]["app.kubernetes.io/managed-by"]
     body["metadata"]["resourceVersion"] = "999"
-    publisher.observe(objects.shard_info(body))
+    publisher.observe(shard_info(body))
     (write,) = publisher.plan().writes
     assert write.verb == "relabel"
     assert write.labels_patch == {"app.kubernetes.io/managed-by": "sluice-controller"}
@@ -115,5 +116,5 @@ def test_an_agent_ignores_what_the_controller_did_not_write() -> None:
         forged["spec"].update(shardIndex=index, shardCount=2)
         forged["spec"]["pods"] = [{"pod": "x/intruder", "ips": ["10.9.9.9"]}]
         with pytest.raises(PolicyInputError, match="is not the controller's"):
-            objects.parse_address_set(forged)
+            parse_address_set(forged)
     assert agent.resolve(("x", "t")).endpoint == before

@@ -1,14 +1,10 @@
-"""The PrefixClaim format, the claim cache's ordering rules, and the agent's checks of
-a network whose claims live in the API.
-
-The store's requests are tested against a real API server (tests/node/kube); here the
-cache is fed the events a watch can deliver in an order a real server cannot be made
-to produce on demand (an event older than the store's own write).
+"""The PrefixClaim format, the claim store as a whole (its pieces: test_claim_cache,
+test_claimer, test_claim_usage), and the agent's checks of a network whose claims
+live in the API. The store's requests against a real API server: tests/node/kube.
 """
 
 from __future__ import annotations
 
-import ipaddress
 from pathlib import Path
 from typing import Any
 
@@ -18,52 +14,9 @@ from cni.agent.prefix_claims import ClaimsConfigError, check_agent_config
 from cni.kube import prefixclaims
 from cni.kube.claimstore import ApiClaimStore
 from cni.plugin import netconf
-from ipam import config as ipam_config
-from ipam.claims import BlockUsage
-from ipam.errors import ClaimsUnavailable, StoreError
-
-Net = ipaddress.IPv4Network
-POOL = Net("10.40.0.0/24")
-
-
-def config(tmp_path: Path) -> ipam_config.PrefixConfig:
-    parsed = ipam_config.from_plugin(
-        "net1",
-        {
-            "stateDir": str(tmp_path),
-            "ipam": {
-                "type": "sluice-ipam",
-                "mode": "prefix",
-                "pool": str(POOL),
-                "claimStore": "kubernetes",
-                "nodeName": "node-a",
-            },
-        },
-    )
-    assert isinstance(parsed, ipam_config.PrefixConfig)
-    return parsed
-
-
-def claim_obj(
-    block: str,
-    node: str = "node-a",
-    uid: str = "u1",
-    generation: int = 1,
-    released: str | None = None,
-    used: int | None = None,
-) -> dict[str, Any]:
-    obj = prefixclaims.claim_object(Net(block), POOL, node, "node-uid", "net1")
-    obj["metadata"].update(
-        uid=uid,
-        generation=generation,
-        resourceVersion=str(generation),
-        creationTimestamp="2026-12-01T10:00:00Z",
-    )
-    if released:
-        obj["spec"]["releasedAt"] = released
-    if used is not None:
-        obj.update(prefixclaims.usage_status(BlockUsage(used, ())))
-    return obj
+from ipam.claims import BlockUsage, Shortage
+from ipam.errors import ClaimsUnavailable
+from tests.unit.kube.claim_fakes import POOL, FakeApi, Net, claim_obj, config
 
 
 def test_the_object_format_round_trips() -> None:
@@ -103,100 +56,6 @@ def test_an_object_that_states_no_claim_is_refused(change: dict[str, Any]) -> No
         prefixclaims.parse(obj)
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> ApiClaimStore:
-    made = ApiClaimStore(None, config(tmp_path))  # type: ignore[arg-type]  # no request is made
-    made.synced.set()
-    return made
-
-
-def blocks(store: ApiClaimStore) -> dict[str, tuple[str, bool]]:
-    return {str(c.block): (c.node, c.held) for c in store.claims()}
-
-
-def test_the_cache_never_goes_back_to_an_older_spec(store: ApiClaimStore) -> None:
-    released = "2026-12-01T10:00:00Z"
-    store._put(claim_obj("10.40.0.16/28", generation=2, released=released))  # the store's write
-    store._apply("MODIFIED", claim_obj("10.40.0.16/28", generation=1))  # the watch, late
-    assert blocks(store) == {"10.40.0.16/28": ("node-a", False)}
-    store._apply("MODIFIED", claim_obj("10.40.0.16/28", generation=2, released=released, used=0))
-    store._apply("MODIFIED", claim_obj("10.40.0.16/28", generation=3))  # taken back
-    assert blocks(store) == {"10.40.0.16/28": ("node-a", True)}
-
-
-def test_a_deleted_object_never_comes_back(store: ApiClaimStore) -> None:
-    lost: list[bool] = []
-    store.on_lost = lambda: lost.append(True)
-    store._put(claim_obj("10.40.0.16/28", uid="old"))
-    store._forget("10.40.0.16-28", "old")  # the store deleted it
-    store._apply("MODIFIED", claim_obj("10.40.0.16/28", uid="old"))  # a late event
-    assert blocks(store) == {}
-    store._apply("ADDED", claim_obj("10.40.0.16/28", node="node-b", uid="new"))  # another node's
-    store._apply("DELETED", claim_obj("10.40.0.16/28", uid="old"))  # its late DELETED
-    assert blocks(store) == {"10.40.0.16/28": ("node-b", True)}
-    assert lost == []
-    store._apply("ADDED", claim_obj("10.40.0.32/28", uid="mine"))
-    store._apply("DELETED", claim_obj("10.40.0.32/28", uid="mine"))  # the Node's GC
-    assert lost == [True]
-
-
-def forged(prefix: str, pool: str = str(POOL), node: str = "node-a") -> dict[str, Any]:
-    """A claim object of ``prefix`` stating ``pool``, as only an administrator's
-    credential can write it past the admission policy."""
-    obj = claim_obj("10.40.0.0/28", node=node, uid=f"forged-{prefix}")
-    obj["metadata"]["name"] = prefixclaims.name_of(Net(prefix))
-    obj["spec"]["prefix"], obj["spec"]["pool"] = prefix, pool
-    return obj
-
-
-def test_claims_of_other_pools_that_leave_this_one_alone_are_none_of_its_business(
-    store: ApiClaimStore,
-) -> None:
-    other = forged("10.41.0.0/28", "10.41.0.0/24")
-    store._apply("ADDED", other)
-    assert blocks(store) == {} and store.refused == {}
-
-
-@pytest.mark.parametrize(
-    ("prefix", "pool", "why"),
-    [
-        ("10.40.0.0/23", str(POOL), "10.40.0.0/23 is outside pool 10.40.0.0/24"),
-        ("10.40.0.0/24", str(POOL), "10.40.0.0/24 is a /24, not a /28 block"),
-        ("10.40.0.64/29", str(POOL), "10.40.0.64/29 is a /29, not a /28 block"),
-        ("169.254.169.254/32", str(POOL), "169.254.169.254/32 is outside pool 10.40.0.0/24"),
-        ("10.40.0.0/23", "10.40.0.0/23", "it states pool 10.40.0.0/23, not 10.40.0.0/24"),
-        ("10.40.0.16/28", "10.0.0.0/8", "it states pool 10.0.0.0/8, not 10.40.0.0/24"),
-        ("10.40.0.16/28", "10.40.0.1/24", "it states no IPv4 pool, not 10.40.0.0/24"),
-    ],
-)
-def test_a_claim_that_is_no_block_of_the_pool_is_neither_adopted_nor_taken(
-    store: ApiClaimStore, prefix: str, pool: str, why: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    store._apply("ADDED", claim_obj("10.40.0.32/28", node="node-b", uid="b"))
-    store._apply("ADDED", forged(prefix, pool))
-    store._apply("MODIFIED", forged(prefix, pool))  # reported once
-    name = prefixclaims.name_of(Net(prefix))
-    assert blocks(store) == {"10.40.0.32/28": ("node-b", True)}  # not this node's block
-    assert store.refused == {name: why}
-    assert [r.getMessage() for r in caplog.records if "refusing" in r.getMessage()] == [
-        f"refusing PrefixClaim {name} of node node-a: {why} (neither adopted nor taken "
-        "from the pool)"
-    ]
-    free = [str(b) for b in store._free_blocks(3)]
-    if Net(prefix).prefixlen == 28 and Net(prefix).subnet_of(POOL):
-        assert free == ["10.40.0.0/28", "10.40.0.48/28", "10.40.0.64/28"]  # its name is taken
-    else:
-        assert free == ["10.40.0.0/28", "10.40.0.16/28", "10.40.0.48/28"]
-    store._apply("DELETED", forged(prefix, pool))
-    assert store.refused == {}
-
-
-def test_a_block_that_is_no_block_of_the_pool_is_never_claimed(store: ApiClaimStore) -> None:
-    for block in ("10.40.0.0/24", "10.40.0.0/29", "10.41.0.0/28"):
-        with pytest.raises(StoreError, match=f"not claiming {block}"):
-            store.claim_block(Net(block), "node-a", "net1")
-
-
 def test_the_pool_a_claim_states_is_read_as_the_agents_write_it() -> None:
     assert prefixclaims.parse(claim_obj("10.40.0.16/28")).pool == POOL
     for stated in ("10.40.0.1/24", "10.40.0.0/255.255.255.0", "fd00::/64", 42, None):
@@ -205,14 +64,33 @@ def test_the_pool_a_claim_states_is_read_as_the_agents_write_it() -> None:
         assert prefixclaims.parse(obj).pool is None, stated
 
 
-def test_free_blocks_are_the_lowest_unclaimed(store: ApiClaimStore) -> None:
-    store._apply("ADDED", claim_obj("10.40.0.0/28", uid="a"))
-    store._apply("ADDED", claim_obj("10.40.0.32/28", uid="b"))
-    assert [str(b) for b in store._free_blocks(3)] == [
-        "10.40.0.16/28",
-        "10.40.0.48/28",
-        "10.40.0.64/28",
-    ]
+def test_the_store_lists_consistently_claims_and_publishes_at_stop(tmp_path: Path) -> None:
+    api = FakeApi()
+    api.add(claim_obj("10.40.0.0/28", node="node-b"))
+    store = ApiClaimStore(api, config(tmp_path))  # type: ignore[arg-type]
+    lost: list[bool] = []
+    store.on_lost = lambda: lost.append(True)
+    store.start()
+    try:
+        assert store.synced.wait(10)
+        assert api.lists == [{}]  # no resourceVersion: read from etcd
+        block = store.claim("node-a", "net1")
+        assert block == Net("10.40.0.16/28")
+        store.report_usage("node-a", {block: BlockUsage(3, ())})
+        store.no_free_block("node-a", Shortage("exhausted", "the pool is exhausted", 0, None))
+    finally:
+        store.stop()
+        api.closed.set()
+    assert api.claims[prefixclaims.name_of(block)]["status"]["used"] == 3
+    assert {str(c.block): c.used for c in store.claims()} == {
+        "10.40.0.0/28": 0,
+        "10.40.0.16/28": 3,
+    }
+    assert store.shortages == {"exhausted": 1} and store.conflicts == 0 and store.refused == {}
+    assert lost == []
+    deleted = api.claims.pop(prefixclaims.name_of(block))  # the Node's garbage collector
+    store.cache.change("prefixclaims", "DELETED", deleted)
+    assert lost == [True]
 
 
 def test_an_unsynced_store_says_so(tmp_path: Path) -> None:

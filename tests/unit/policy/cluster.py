@@ -11,9 +11,9 @@ from __future__ import annotations
 import itertools
 
 from cni.policy.explain import verdict
+from cni.policy.index import PolicyIndex
 from cni.policy.manifest import load_manifest
 from cni.policy.model import PodKey
-from cni.policy.resolve import PolicyIndex
 
 NAMESPACES = ("x", "y", "z")
 POD_NAMES = ("a", "b", "c")

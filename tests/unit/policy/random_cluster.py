@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+from cni.policy.index import PolicyIndex
 from cni.policy.model import (
     NAMESPACE_NAME_LABEL,
     ContainerPort,
@@ -19,7 +20,6 @@ from cni.policy.model import (
     Requirement,
     labels_of,
 )
-from cni.policy.resolve import PolicyIndex
 
 NAMESPACES = ("n0", "n1", "n2", "n3")
 KEYS = ("app", "tier", "team")

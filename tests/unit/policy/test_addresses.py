@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from cni.controller.publisher import Publisher
+from cni.policy.index import PolicyIndex
 from cni.policy.model import (
     NAMESPACE_NAME_LABEL,
     LabelSelector,
@@ -17,7 +18,6 @@ from cni.policy.model import (
     PolicyRule,
     labels_of,
 )
-from cni.policy.resolve import PolicyIndex
 from tests.unit.controller.published_api import PublishedStore, publish
 
 FRIENDS = LabelSelector(labels_of({"role": "friend"}))

@@ -13,7 +13,7 @@ from cni.controller.publisher import Publisher
 from cni.policy.errors import PolicyInputError
 from cni.policy.explain import explain, verdict
 from cni.policy.model import EVERYTHING, NetworkPolicy, PolicyRule
-from cni.policy.parse import parse_network_policy, read_network_policy
+from cni.policy.parse_policy import parse_network_policy, read_network_policy
 from cni.policy.published.index import ShardIndex
 from cni.policy.render import policy_spec_json
 from cni.policy.vocabulary import PeerCIDR

@@ -6,10 +6,11 @@ import pytest
 
 from cni.controller.desired import PolicyRecord
 from cni.controller.publisher import Publisher
+from cni.policy.index import PolicyIndex
 from cni.policy.model import Namespace, NetworkPolicy, Pod, Service
+from cni.policy.published.identity import AddressSetInfo
 from cni.policy.published.index import ShardIndex
-from cni.policy.published.objects import ADDRESS_SET, AddressSetInfo
-from cni.policy.resolve import PolicyIndex
+from cni.policy.published.names import ADDRESS_SET
 
 
 @pytest.mark.parametrize("receiver", [PolicyIndex(), ShardIndex("n0"), Publisher()])

@@ -15,13 +15,8 @@ from cni.policy.model import (
     Requirement,
     labels_of,
 )
-from cni.policy.parse import (
-    parse_namespace,
-    parse_network_policy,
-    parse_object,
-    parse_pod,
-    parse_service,
-)
+from cni.policy.parse import parse_namespace, parse_object, parse_pod, parse_service
+from cni.policy.parse_policy import parse_network_policy
 
 
 def policy_with(spec: str) -> dict:

@@ -9,10 +9,10 @@ import pytest
 
 from cni.controller.publisher import Publisher
 from cni.policy.errors import PolicyIncomplete
+from cni.policy.index import PolicyIndex
 from cni.policy.model import KubeObject, Namespace, NetworkPolicy, Pod
 from cni.policy.published.index import ShardIndex
-from cni.policy.published.objects import POLICY_TARGETS
-from cni.policy.resolve import PolicyIndex
+from cni.policy.published.names import POLICY_TARGETS
 from tests.unit.controller.published_api import PublishedStore, publish
 from tests.unit.policy import random_cluster
 

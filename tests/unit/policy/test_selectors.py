@@ -5,7 +5,7 @@ from __future__ import annotations
 import yaml
 
 from cni.policy.model import EVERYTHING, IPBlock, Labels, LabelSelector, Requirement, labels_of
-from cni.policy.parse import parse_network_policy
+from cni.policy.parse_policy import parse_network_policy
 from cni.policy.selectors import (
     PodGroup,
     describe_selector,

@@ -27,11 +27,12 @@ import pytest
 from cni.controller.publisher import Publisher
 from cni.datapath.ruleset import compile_direction, digest
 from cni.datapath.structs import RULE_ANY_PORT
+from cni.policy.index import PolicyIndex
 from cni.policy.model import KubeObject, Namespace, NetworkPolicy, Pod
-from cni.policy.parse import parse_namespace, parse_pod, read_network_policy
+from cni.policy.parse import parse_namespace, parse_pod
+from cni.policy.parse_policy import read_network_policy
 from cni.policy.published.index import ShardIndex
-from cni.policy.published.objects import AddressShard, PolicyShard, TargetsShard
-from cni.policy.resolve import PolicyIndex
+from cni.policy.published.shards import AddressShard, PolicyShard, TargetsShard
 from cni.policy.vocabulary import PROTOCOLS, AllowRule, EndpointPolicy
 from tests.harness.netpol_oracle import ClusterState
 from tests.harness.policy_sequences import SERVED, Generator, Step, World, base_steps, shrink

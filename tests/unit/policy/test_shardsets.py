@@ -10,15 +10,29 @@ import pytest
 
 from cni.policy.errors import PolicyInputError
 from cni.policy.model import ContainerPort, LabelSelector, Pod, labels_of
-from cni.policy.published import objects
-from cni.policy.published.objects import (
+from cni.policy.published.identity import PolicyEndpointsInfo, ShardInfo
+from cni.policy.published.names import (
     ADDRESS_SET,
+    PLURALS,
     POLICY_ENDPOINTS,
-    PolicyEndpointsInfo,
-    ShardInfo,
-    TargetEntry,
+    address_set_id,
+    node_label,
+    node_label_key,
+    policy_targets_name,
+    spec_hash,
+)
+from cni.policy.published.render import (
+    address_set_object,
+    policy_endpoints_object,
+    policy_targets_object,
 )
 from cni.policy.published.sets import AddressSetKey
+from cni.policy.published.shards import (
+    TargetEntry,
+    parse_address_set,
+    parse_policy_endpoints,
+    parse_policy_targets,
+)
 from cni.policy.published.shardsets import ShardSets
 from cni.policy.selectors import PodGroup
 from tests.unit.policy import random_cluster
@@ -92,47 +106,43 @@ def test_objects_read_back_as_written() -> None:
         ),
         Pod("y", "b", ips=("10.0.0.2",)),
     ]
-    body = json.loads(json.dumps(objects.address_set_object(key, 0, 2, pods, ["node-1"])))
-    parsed = objects.parse_address_set(body)
+    body = json.loads(json.dumps(address_set_object(key, 0, 2, pods, ["node-1"])))
+    parsed = parse_address_set(body)
     assert [(p.key, p.ips, p.ports) for p in parsed.pods] == [
         (("x", "a"), ("10.0.0.1", "fd00::1"), (ContainerPort("http", 80),)),
         (("y", "b"), ("10.0.0.2",), ()),
     ]
-    assert parsed.info.set_name == objects.address_set_id(key)
+    assert parsed.info.set_name == address_set_id(key)
     assert (parsed.info.index, parsed.info.count) == (0, 2)
-    assert objects.node_label_key("node-1") in body["metadata"]["labels"]
+    assert node_label_key("node-1") in body["metadata"]["labels"]
 
     for policy in (random_cluster.policy(random.Random(seed), seed) for seed in range(50)):
-        body = objects.policy_endpoints_object(policy, "u", 3, ["as-1"], ["n"])
-        parsed_policy = objects.parse_policy_endpoints(json.loads(json.dumps(body)))
+        body = policy_endpoints_object(policy, "u", 3, ["as-1"], ["n"])
+        parsed_policy = parse_policy_endpoints(json.loads(json.dumps(body)))
         assert parsed_policy.policy == policy
         assert parsed_policy.info.version == ("u", "3")
-        assert objects.spec_hash(json.loads(json.dumps(body["spec"]))) == objects.spec_hash(
-            body["spec"]
-        )
+        assert spec_hash(json.loads(json.dumps(body["spec"]))) == spec_hash(body["spec"])
 
     entries = [TargetEntry(("x", "a"), "uid-a", ("p1", "p2"))]
-    targets = objects.parse_policy_targets(objects.policy_targets_object("n", 0, 1, entries))
+    targets = parse_policy_targets(policy_targets_object("n", 0, 1, entries))
     assert targets.entries == tuple(entries)
 
 
 def test_long_node_names_make_valid_labels_and_names() -> None:
     node = "node-" + "x" * 100 + ".example.com"
-    label = objects.node_label(node)
+    label = node_label(node)
     assert len(label) <= 63 and label[-1].isalnum()
-    assert objects.node_label(node) == label and objects.node_label(node + "y") != label
-    assert len(objects.policy_targets_name(node, 12)) <= 253
+    assert node_label(node) == label and node_label(node + "y") != label
+    assert len(policy_targets_name(node, 12)) <= 253
 
 
 def test_a_bad_object_names_itself_the_field_and_the_value() -> None:
-    body = objects.address_set_object(
-        AddressSetKey(PodGroup("x", None, LabelSelector())), 0, 1, [], []
-    )
+    body = address_set_object(AddressSetKey(PodGroup("x", None, LabelSelector())), 0, 1, [], [])
     body["spec"]["shardIndex"] = 3
     with pytest.raises(PolicyInputError, match=r"AddressSet as-\w+-0: spec.shardIndex 3 is not"):
-        objects.parse_address_set(body)
+        parse_address_set(body)
     body["spec"]["shardIndex"] = 0
     body["spec"]["pods"] = [{"pod": "no-slash", "ips": []}]
     with pytest.raises(PolicyInputError, match=r'spec.pods\[0\].pod "no-slash" must be NAMESPACE'):
-        objects.parse_address_set(body)
-    assert ADDRESS_SET in objects.PLURALS
+        parse_address_set(body)
+    assert ADDRESS_SET in PLURALS

@@ -7,9 +7,9 @@ from dataclasses import replace
 
 import pytest
 
+from cni.policy.index import PolicyIndex
 from cni.policy.manifest import load_manifest
 from cni.policy.model import NetworkPolicy, Pod, PodKey, labels_of
-from cni.policy.resolve import PolicyIndex
 from cni.policy.vocabulary import AllowRule, PeerCIDR
 from tests.unit.policy import random_cluster
 from tests.unit.policy.cluster import (
