@@ -1,7 +1,8 @@
 """The documentation's links lead somewhere, and the README's code map is the layers.
 
-Every relative link in README.md, docs/*.md, bench/README.md and bench/results/*.md must name a
-file that exists and, when it names a heading of a Markdown page
+Every relative link in README.md, CHANGELOG.md, docs/*.md, bench/README.md and
+bench/results/*.md must name a file that exists and, when it names a heading of
+a Markdown page
 (``page.md#heading``), a heading that page has: folding a notes page into the
 reference, or renaming a heading, must not leave a link behind.
 """
@@ -16,6 +17,7 @@ from tests.unit.test_layers import LAYERS
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [
     ROOT / "README.md",
+    ROOT / "CHANGELOG.md",
     *sorted((ROOT / "docs").glob("*.md")),
     ROOT / "bench" / "README.md",
     *sorted((ROOT / "bench" / "results").glob("*.md")),
