@@ -33,30 +33,42 @@ import json
 import os
 import re
 import shutil
-import signal
-import socket
 import ssl
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from tests.harness import components, host, pki
-from tests.harness.cache import AGNHOST_IMAGE, PAUSE_IMAGE, K8sCache
+from tests.harness.cache import PAUSE_IMAGE, K8sCache
+from tests.harness.cluster_lifecycle import ClusterLifecycle
+from tests.harness.cluster_state import ClusterError, ClusterState
 from tests.harness.components import ClusterLayout, Ports
 from tests.harness.containerd import (
-    CRI_NAMESPACE,
     PrivateContainerd,
     find_crictl,
     remove_cni_cache_entries,
     unmount_all_under,
+)
+from tests.harness.host_facts import host_routes, node_address, node_name, processes_mentioning
+from tests.harness.node_layout import (
+    CLUSTER_CIDR,
+    NODE_CIDR_MASK,
+    SERVICE_CIDR,
+    NodeHandle,
+    NodeLayout,
+)
+from tests.harness.node_processes import (
+    NodeProcesses,
+    api_has,
+    assert_running,
+    run_steps,
+    schedulable,
+    wait_serving,
 )
 from tests.harness.processes import (
     Daemons,
@@ -64,21 +76,12 @@ from tests.harness.processes import (
     assert_port_free,
     is_alive,
     log_tail,
-    process_start_time,
-    wait_until,
 )
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-SLUICECTL = REPO_ROOT / ".venv" / "bin" / "sluicectl"
-LOOPBACK_PLUGIN = Path("/usr/lib/cni/loopback")  # containerd's CRI runs it for `lo`
 
 RUN_DIR_ENV = "SLUICE_K8S_RUN_DIR"
 DEFAULT_RUN_DIR = Path("/var/lib/sluice-k8s")
 PORT_BASE_ENV = "SLUICE_K8S_PORT_BASE"
 
-CLUSTER_CIDR = "10.244.0.0/16"
-NODE_CIDR_MASK = 24
-SERVICE_CIDR = "10.96.0.0/16"
 SERVICE_DNS_NAMES = (
     "localhost",
     "kubernetes",
@@ -95,91 +98,12 @@ CONTROL_PLANE = ("kube-scheduler", "kube-controller-manager", "kube-apiserver", 
 AgentArgv = Callable[["Cluster"], Sequence[str]]
 
 
-class ClusterError(RuntimeError):
-    pass
-
-
 def sluice_agent_argv(cluster: Cluster) -> list[str]:
     """The standard node agent command: serves the cluster's network, watches its API."""
-    return [
-        str(SLUICECTL),
-        "agent",
-        "--conf",
-        str(cluster.sluice_conf),
-        "--kubeconfig",
-        str(cluster.kubeconfig_for("sluice-agent")),
-        "--node-name",
-        node_name(),
-    ]
+    return cluster.layout.agent_argv(node_name())
 
 
-def node_address() -> str:
-    """The node's address: the source of its default route."""
-    out = subprocess.run(
-        ["ip", "-j", "-4", "route", "get", "1.0.0.0"], capture_output=True, text=True, check=True
-    ).stdout
-    routes = json.loads(out)
-    if not routes or "prefsrc" not in routes[0]:
-        raise ClusterError(f"cannot tell the node address from `ip route get 1.0.0.0`: {out}")
-    return routes[0]["prefsrc"]
-
-
-def node_name() -> str:
-    name = socket.gethostname().split(".")[0].lower()
-    return name if re.fullmatch(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?", name) else "sluice-node"
-
-
-def host_routes() -> list[ipaddress.IPv4Network]:
-    out = subprocess.run(
-        ["ip", "-j", "-4", "route", "show", "table", "all"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    nets = []
-    for route in json.loads(out or "[]"):
-        with contextlib.suppress(ValueError):
-            if route.get("dst") not in (None, "default"):
-                nets.append(ipaddress.ip_network(route["dst"], strict=False))
-    return nets
-
-
-@dataclass
-class ClusterState:
-    """What ``down`` needs to undo ``up``, written to ``<dir>/state.json`` as it grows."""
-
-    name: str
-    directory: str
-    node_name: str
-    node_ip: str
-    port_base: int
-    pod_cidr: str
-    network: str
-    bpf_dir: str
-    cgroup_root: str
-    containerd_base: str
-    host: host.HostSnapshot
-    processes: dict[str, ProcessRecord] = field(default_factory=dict)
-    control_plane_only: bool = False
-
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["host"] = self.host.to_json()
-        data["processes"] = {k: v.to_json() for k, v in self.processes.items()}
-        return data
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ClusterState:
-        # Tolerate keys written by other versions of this harness.
-        data = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-        data["host"] = host.HostSnapshot.from_json(data["host"])
-        data["processes"] = {
-            k: ProcessRecord.from_json(v) for k, v in data.get("processes", {}).items()
-        }
-        return cls(**data)
-
-
-class Cluster:
+class Cluster(ClusterLifecycle[ClusterState], NodeHandle):
     """A single-node cluster; ``with Cluster() as cluster:`` brings it up and down."""
 
     def __init__(
@@ -213,16 +137,20 @@ class Cluster:
         self.network = f"k8s-{name}"
         self.bpf_dir = Path("/sys/fs/bpf") / f"sluice-k8s-{name}"
         self.cgroup_root = f"/sluice-k8s-{name}"
+        # The node's files share the cluster's directory with the control plane's.
+        self.layout = NodeLayout(
+            directory=self.directory,
+            containerd_base=self.directory / f"sluice-ctrd-{name}",
+            network=self.network,
+            bpf_dir=self.bpf_dir,
+            cgroup_root=self.cgroup_root,
+        )
         self._daemons = Daemons()
         self._containerd: PrivateContainerd | None = None
         self._state: ClusterState | None = None
-        self._layout: ClusterLayout | None = None
+        self._components: ClusterLayout | None = None
 
     # --- paths ----------------------------------------------------------------------
-
-    @property
-    def state_file(self) -> Path:
-        return self.directory / "state.json"
 
     @property
     def kubeconfig(self) -> Path:
@@ -230,43 +158,7 @@ class Cluster:
         return self.kubeconfig_for("admin")
 
     def kubeconfig_for(self, client: str) -> Path:
-        return self.directory / f"{client}.kubeconfig"
-
-    @property
-    def cni_bin_dir(self) -> Path:
-        return self.directory / "cni" / "bin"
-
-    @property
-    def cni_conf_dir(self) -> Path:
-        return self.directory / "cni" / "net.d"
-
-    @property
-    def sluice_conf(self) -> Path:
-        return self.cni_conf_dir / "10-sluice.conflist"
-
-    @property
-    def sluice_state_dir(self) -> Path:
-        return self.directory / "sluice" / "state"
-
-    @property
-    def agent_socket(self) -> Path:
-        return self.directory / "sluice" / "agent.sock"
-
-    @property
-    def logs_dir(self) -> Path:
-        return self.directory / "logs"
-
-    @property
-    def containerd_base(self) -> Path:
-        return self.directory / f"sluice-ctrd-{self.name}"
-
-    @property
-    def state(self) -> ClusterState:
-        if self._state is None:
-            self._state = self._load_state()
-            if self._state is None:
-                raise ClusterError(f"cluster {self.name} is not up (no {self.state_file})")
-        return self._state
+        return self.layout.kubeconfig(client)
 
     @property
     def node_name(self) -> str:
@@ -292,24 +184,19 @@ class Cluster:
     @property
     def containerd(self) -> PrivateContainerd:
         if self._containerd is None:
-            self._containerd = self._containerd_handle()
+            self._containerd = self.layout.containerd()
         return self._containerd
 
-    # --- context manager ----------------------------------------------------------
-
-    def __enter__(self) -> Cluster:
-        self.up()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        leftovers = self.down()
-        if leftovers and exc is None:
-            raise ClusterError(f"cluster {self.name} left behind: {leftovers}")
+    def _node(self) -> NodeProcesses:
+        """The node's processes, recorded in the state file."""
+        return NodeProcesses(
+            self.layout,
+            self.state.processes,
+            self._save_state,
+            self._daemons,
+            self._wait,
+            self.cache,
+        )
 
     # --- clients --------------------------------------------------------------------
 
@@ -337,26 +224,12 @@ class Cluster:
         try:
             # Pods are refused until the namespace's default ServiceAccount exists.
             self._wait(
-                self._exists("serviceaccount", "default", "-n", name),
+                api_has(self.kubectl, "serviceaccount", "default", "-n", name),
                 f"default ServiceAccount in namespace {name}",
             )
             yield name
         finally:
             self.kubectl("delete", "namespace", name, "--wait=true", timeout=180)
-
-    def sluicectl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        """``sluicectl`` with the cluster's network config (``--conf`` is added)."""
-        argv = [str(SLUICECTL), *args, "--conf", str(self.sluice_conf)]
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
-        if check and proc.returncode != 0:
-            raise ClusterError(
-                f"sluicectl {' '.join(args)} exited {proc.returncode}: "
-                f"{proc.stdout.strip()} {proc.stderr.strip()}"
-            )
-        return proc
-
-    def log_path(self, component: str) -> Path:
-        return self.logs_dir / f"{component}.log"
 
     def log_tails(self, lines: int = 20) -> str:
         if not self.logs_dir.is_dir():
@@ -370,31 +243,15 @@ class Cluster:
 
     # --- up -------------------------------------------------------------------------
 
-    def up(self) -> None:
-        """Start everything and wait until the node is Ready; on failure, undo it all."""
-        if self.state_file.exists():
-            raise ClusterError(
-                f"cluster {self.name} already has state in {self.state_file}: it is up, or an "
-                f"earlier up crashed; run `python -m tests.harness down --name {self.name}` first"
-            )
-        missing = self.cache.missing()
-        if missing:
-            raise ClusterError(
-                f"the Kubernetes cache {self.cache.root} lacks {', '.join(p.name for p in missing)}"
-                ": run `make k8s-build` (python -m tests.harness build)"
-            )
+    def _parse_state(self, data: dict[str, Any]) -> ClusterState:
+        return ClusterState.from_json(data)
+
+    def _check_host(self) -> None:
         absent = [tool for tool in HOST_TOOLS if shutil.which(tool) is None]
         if find_crictl() is None and not self.control_plane_only:
             absent.append("crictl")
         if absent:
             raise ClusterError(f"missing on this host: {', '.join(absent)} (run `make setup`)")
-        try:
-            self._up()
-        except BaseException:
-            print(f"cluster {self.name} failed to come up:\n{self.log_tails()}", file=sys.stderr)
-            with contextlib.suppress(Exception):
-                self.down()
-            raise
 
     def _up(self) -> None:
         started = time.monotonic()
@@ -418,7 +275,7 @@ class Cluster:
             control_plane_only=self.control_plane_only,
         )
         self._save_state()
-        layout = self._layout_for(self._state)
+        layout = self._components_for(self._state)
         self._write_credentials(layout)
         self._start_etcd(layout)
         self._start_apiserver(layout)
@@ -437,23 +294,23 @@ class Cluster:
             # The admission plugin refuses pods until the namespace's default
             # ServiceAccount exists, which the controller manager makes a moment later.
             self._wait(
-                self._exists("serviceaccount", "default", "-n", "default"),
+                api_has(self.kubectl, "serviceaccount", "default", "-n", "default"),
                 "default ServiceAccount",
                 120,
             )
             self._log(f"control plane up in {time.monotonic() - started:.0f} s")
             return
         self._start("kube-scheduler", components.scheduler_argv(layout))
-        self._install_sluice()
-        self._start_containerd()
-        self._start_agent()
+        node = self._node()
+        node.install_sluice(self.pod_cidr, self.install_args)
+        node.start_containerd(self.containerd)
+        self.containerd.wait_cri_ready(PAUSE_IMAGE, timeout=30)
+        if self.agent_argv is not None:
+            node.start_agent(list(self.agent_argv(self)), self.node_name)
         self._start_kubelet(layout)
-        self._start_kube_proxy(layout)
+        node.start_kube_proxy(layout)
         self._wait_ready()
         self._log(f"up in {time.monotonic() - started:.0f} s; KUBECONFIG={self.kubeconfig}")
-
-    def _log(self, message: str) -> None:
-        print(f"[k8s {self.name}] {message}", file=sys.stderr, flush=True)
 
     def _check_free(self, node_ip: str) -> None:
         for what, (address, port) in self.ports.listeners(node_ip).items():
@@ -474,52 +331,21 @@ class Cluster:
                 "chains): another Kubernetes runs here; one cluster per host at a time"
             )
 
-    def _layout_for(self, state: ClusterState) -> ClusterLayout:
-        if self._layout is None:
-            self._layout = ClusterLayout(
-                directory=self.directory,
-                cache=self.cache,
-                ports=Ports(state.port_base),
-                node_name=state.node_name,
-                node_ip=state.node_ip,
-                cluster_cidr=CLUSTER_CIDR,
-                node_cidr_mask=NODE_CIDR_MASK,
-                service_cidr=SERVICE_CIDR,
-                containerd_socket=Path(state.containerd_base) / "containerd.sock",
-                cgroup_root=state.cgroup_root,
+    def _components_for(self, state: ClusterState) -> ClusterLayout:
+        if self._components is None:
+            ports = Ports(state.port_base)
+            self._components = self.layout.components(
+                self.cache, ports, state.node_name, state.node_ip
             )
-        return self._layout
-
-    def _save_state(self) -> None:
-        tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.state.to_json(), indent=2) + "\n")
-        tmp.replace(self.state_file)
+        return self._components
 
     def _start(self, name: str, argv: Sequence[str]) -> ProcessRecord:
-        record = self._daemons.start(name, argv, self.log_path(name))
-        self.state.processes[name] = record
-        self._save_state()
-        return record
+        return self._node().start(name, argv)
 
     def _assert_running(self) -> None:
-        for record in self.state.processes.values():
-            code = self._daemons.exited(record)
-            if code is not None:
-                raise ClusterError(
-                    f"{record.name} exited ({code}); tail of {record.log}:\n{log_tail(record.log)}"
-                )
+        assert_running(self._daemons, self.state.processes)
         if self._containerd is not None and not self._containerd.running:
             raise ClusterError(f"containerd exited:\n{self._containerd.log_tail()}")
-
-    def _exists(self, *what: str) -> Callable[[], bool]:
-        return lambda: self.kubectl("get", *what, check=False).returncode == 0
-
-    def _wait(self, condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-        def check() -> bool:
-            self._assert_running()
-            return condition()
-
-        wait_until(check, timeout=timeout, what=what, details=lambda: self.log_tails(15))
 
     def _write_credentials(self, layout: ClusterLayout) -> None:
         users = {
@@ -565,159 +391,39 @@ class Cluster:
         url = f"{layout.apiserver_url}/readyz"
         self._wait(lambda: _http_get(url, context) == b"ok", "kube-apiserver ready", timeout=90)
 
-    def _install_sluice(self) -> None:
-        self.cni_bin_dir.mkdir(parents=True)
-        self.cni_conf_dir.mkdir(parents=True)
-        self.sluice_state_dir.mkdir(parents=True)
-        argv = [
-            str(SLUICECTL),
-            "install",
-            f"--bin-dir={self.cni_bin_dir}",
-            f"--conf-dir={self.cni_conf_dir}",
-            f"--conf-name={self.sluice_conf.name}",
-            f"--name={self.network}",
-            f"--subnet={self.pod_cidr}",
-            f"--cluster-cidr={CLUSTER_CIDR}",
-            # containerd 1.6's libcni knows results up to 1.0.0.
-            "--cni-version=1.0.0",
-            "--policy=off",
-            f"--state-dir={self.sluice_state_dir}",
-            f"--bpf-dir={self.bpf_dir}",
-            f"--agent-socket={self.agent_socket}",
-            *self.install_args,  # later options win
-        ]
-        proc = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=60)
-        if proc.returncode != 0:
-            raise ClusterError(f"{' '.join(argv)} exited {proc.returncode}: {proc.stderr}")
-        (self.cni_bin_dir / LOOPBACK_PLUGIN.name).symlink_to(LOOPBACK_PLUGIN)
-
-    def _containerd_handle(self) -> PrivateContainerd:
-        return PrivateContainerd(
-            cni_bin_dir=self.cni_bin_dir,
-            cni_conf_dir=self.cni_conf_dir,
-            sandbox_image=PAUSE_IMAGE,
-            base=Path(self.state.containerd_base),
-        )
-
-    def _start_containerd(self) -> None:
-        containerd = self.containerd
-        containerd.start()
-        assert containerd.pid is not None
-        start_time = process_start_time(containerd.pid)
-        self.state.processes["containerd"] = ProcessRecord(
-            "containerd",
-            containerd.pid,
-            start_time or 0,
-            ["containerd", "--config", str(containerd.config_path)],
-            str(containerd.log_path),
-        )
-        self._save_state()
-        for image in (PAUSE_IMAGE, AGNHOST_IMAGE):
-            containerd.import_image(self.cache.image_tar(image), namespace=CRI_NAMESPACE)
-        containerd.wait_cri_ready(PAUSE_IMAGE, timeout=30)
-
-    def _start_agent(self) -> None:
-        if self.agent_argv is None:
-            return
-        self._start("sluice-agent", list(self.agent_argv(self)))
-        # Ready when the plugin can serve an ADD (with "enforce" that needs the agent).
-        self._wait(self.sluice_ready, "sluicectl status to report the node ready", 120)
-
     def replace_agent(self, argv: Sequence[str], wait_ready: bool = True) -> ProcessRecord:
         """Stop the node agent (SIGTERM: its pinned datapath keeps enforcing) and start
         ``argv`` in its place, under the same name, so ``down`` stops it."""
-        self._stop_process("sluice-agent")
-        record = self._start("sluice-agent", list(argv))
-        if wait_ready:
-            self._wait(self.sluice_ready, "sluicectl status to report the node ready", 120)
-        return record
+        node = self._node()
+        node.stop("sluice-agent")
+        return node.start_agent(list(argv), self.node_name, wait_ready)
 
     def stop_agent(self, crash: bool = False) -> None:
         """Stop the node agent: SIGTERM, or SIGKILL as a crash would."""
-        record = self.state.processes.pop("sluice-agent")
-        self._save_state()
-        if crash:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(record.pid, signal.SIGKILL)
-        self._daemons.stop(record)
+        self._node().withdraw("sluice-agent", crash)
 
     def start_agent(self) -> None:
         """Start the node agent again (after ``stop_agent``) and wait until it serves."""
-        self._start_agent()
-
-    def sluice_ready(self) -> bool:
-        """`sluicectl status`: an ADD can be served now (with "enforce": the agent is up)."""
-        status = self.sluicectl("status", f"--bin-dir={self.cni_bin_dir}", check=False)
-        return status.returncode == 0
+        if self.agent_argv is not None:
+            self._node().start_agent(list(self.agent_argv(self)), self.node_name)
 
     def _start_kubelet(self, layout: ClusterLayout) -> None:
-        layout.kubelet_dir.mkdir()
-        host.create_cgroups(layout.cgroup_root)
-        config = components.write_json(
-            layout.kubelet_dir / "config.json", components.kubelet_config(layout, self.pod_cidr)
-        )
-        self._start("kubelet", components.kubelet_argv(layout, config))
-
-        def registered_with_cidr() -> bool:
-            proc = self.kubectl("get", "node", layout.node_name, "-o", "json", check=False)
-            if proc.returncode != 0:
-                return False
-            cidr = json.loads(proc.stdout).get("spec", {}).get("podCIDR")
-            if cidr and cidr != self.pod_cidr:
-                raise ClusterError(
-                    f"node {layout.node_name} got podCIDR {cidr}, but sluice serves {self.pod_cidr}"
-                )
-            return cidr == self.pod_cidr
-
-        self._wait(registered_with_cidr, f"node {layout.node_name} registered with a podCIDR")
-
-    def _start_kube_proxy(self, layout: ClusterLayout) -> None:
-        config = components.write_json(
-            self.directory / "kube-proxy.json", components.kube_proxy_config(layout)
-        )
-        self._start("kube-proxy", components.kube_proxy_argv(layout, config))
+        config = components.kubelet_config(layout, self.pod_cidr)
+        cidr = self._node().start_kubelet(layout, config, self.kubectl)
+        if cidr != self.pod_cidr:
+            raise ClusterError(
+                f"node {layout.node_name} got podCIDR {cidr}, but sluice serves {self.pod_cidr}"
+            )
 
     def _wait_ready(self) -> None:
-        def node_ready() -> bool:
-            node = self.kubectl_json("get", "node", self.node_name)
-            ready = any(
-                c["type"] == "Ready" and c["status"] == "True"
-                for c in node.get("status", {}).get("conditions", [])
-            )
-            taints = [t for t in node.get("spec", {}).get("taints", []) or []]
-            return ready and not any(t.get("effect") == "NoSchedule" for t in taints)
-
-        self._wait(node_ready, f"node {self.node_name} Ready without NoSchedule taints", 120)
         self._wait(
-            self._exists("serviceaccount", "default", "-n", "default"), "default ServiceAccount"
+            lambda: schedulable(self.kubectl_json("get", "node", self.node_name)),
+            f"node {self.node_name} Ready without NoSchedule taints",
+            120,
         )
-        self._wait(
-            self._exists("configmap", "kube-root-ca.crt", "-n", "default"), "kube-root-ca.crt"
-        )
-
-        def services_programmed() -> bool:
-            nat = subprocess.run(
-                ["iptables", "-w", "-t", "nat", "-S", "KUBE-SERVICES"],
-                capture_output=True,
-                text=True,
-                check=False,
-            )
-            return "default/kubernetes:https" in nat.stdout
-
-        self._wait(services_programmed, "kube-proxy to program the kubernetes Service")
+        wait_serving(self._wait, self.kubectl, {self.node_name: self._node()})
 
     # --- down -----------------------------------------------------------------------
-
-    def _load_state(self) -> ClusterState | None:
-        try:
-            return ClusterState.from_json(json.loads(self.state_file.read_text()))
-        except FileNotFoundError:
-            return None
-        except (ValueError, TypeError, KeyError) as exc:
-            raise ClusterError(f"{self.state_file} is unreadable: {exc}") from exc
-
-    def is_up(self) -> bool:
-        return self.state_file.exists()
 
     def down(self) -> list[str]:
         """Remove everything ``up`` created; return what could not be removed (if anything).
@@ -732,10 +438,9 @@ class Cluster:
             return []
         self._state = state
         started = time.monotonic()
-        errors: list[str] = []
         steps: list[tuple[str, Callable[[], object]]] = [
             *(
-                (f"stop {name}", lambda name=name: self._stop_process(name))
+                (f"stop {name}", lambda name=name: self._node().stop(name))
                 for name in CONTROL_PLANE
             ),
             ("unmount", lambda: unmount_all_under(self.directory)),
@@ -744,11 +449,7 @@ class Cluster:
         ]
         if not state.control_plane_only:
             steps = self._node_teardown(state)
-        for what, step in steps:
-            try:
-                step()
-            except Exception as exc:
-                errors.append(f"{what}: {exc}")
+        errors = run_steps(steps)
         leftovers = self.leftovers()
         self._state = None
         self._containerd = None
@@ -761,17 +462,11 @@ class Cluster:
 
     def _node_teardown(self, state: ClusterState) -> list[tuple[str, Callable[[], object]]]:
         """Every step of a whole cluster's ``down``, in order."""
+        node = self._node()
         return [
-            ("stop kubelet", lambda: self._stop_process("kubelet")),
-            ("remove pods through CRI", self._remove_pods),
-            ("stop the sluice agent", lambda: self._stop_process("sluice-agent")),
-            ("stop containerd", self._stop_containerd),
-            ("stop kube-proxy", lambda: self._stop_process("kube-proxy")),
+            *node.stop_steps(lambda: self.containerd),
             ("kube-proxy --cleanup", self._kube_proxy_cleanup),
-            *(
-                (f"stop {name}", lambda name=name: self._stop_process(name))
-                for name in CONTROL_PLANE
-            ),
+            *((f"stop {name}", lambda name=name: node.stop(name)) for name in CONTROL_PLANE),
             ("release sluice's leftovers", self._release_sluice),
             ("remove iptables KUBE-* chains", host.remove_kube_iptables_chains),
             ("remove nftables tables", lambda: host.remove_new_nft_tables(state.host)),
@@ -787,26 +482,6 @@ class Cluster:
                 lambda: host.remove_created_paths(state.host, self.directory),
             ),
         ]
-
-    def _stop_process(self, name: str) -> None:
-        record = self.state.processes.get(name)
-        if record is not None:
-            self._daemons.stop(record)
-
-    def _remove_pods(self) -> None:
-        record = self.state.processes.get("containerd")
-        if record is None or not is_alive(record):
-            return
-        containerd = self.containerd
-        for pod in containerd.crictl("pods", "-q", check=False, timeout=30).stdout.split():
-            containerd.remove_pod(pod, check=False)
-
-    def _stop_containerd(self) -> None:
-        containerd = self.containerd
-        record = self.state.processes.get("containerd")
-        if not containerd.running and record is not None:
-            self._daemons.stop(record)  # started by another process
-        containerd.close()
 
     def _kube_proxy_cleanup(self) -> None:
         binary = self.cache.binary("kube-proxy")
@@ -840,15 +515,8 @@ class Cluster:
         ]
 
     def _keep_logs(self) -> None:
-        if self.keep_logs is None:
-            return
-        self.keep_logs.mkdir(parents=True, exist_ok=True)
-        if self.logs_dir.is_dir():
-            for log in self.logs_dir.iterdir():
-                shutil.copy2(log, self.keep_logs / log.name)
-        containerd_log = self.containerd_base / "containerd.log"
-        if containerd_log.exists():
-            shutil.copy2(containerd_log, self.keep_logs / "containerd.log")
+        if self.keep_logs is not None:
+            self._node().keep_logs(self.keep_logs)
 
     def _remove_directory(self) -> None:
         if self.directory.exists():
@@ -901,17 +569,6 @@ class Cluster:
             "processes": processes,
             "nodes": nodes.stdout.strip() or nodes.stderr.strip(),
         }
-
-
-def processes_mentioning(text: str) -> list[str]:
-    """``pid argv0`` of every process whose command line contains ``text``."""
-    found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        with contextlib.suppress(OSError):
-            argv = cmdline.read_bytes().decode(errors="replace").split("\0")
-            if int(cmdline.parent.name) != os.getpid() and any(text in a for a in argv):
-                found.append(f"{cmdline.parent.name} {argv[0]}")
-    return found
 
 
 def _http_get(url: str, context: ssl.SSLContext | None = None) -> bytes:

@@ -30,50 +30,36 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
-import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from tests.harness import components, host
-from tests.harness.cache import AGNHOST_IMAGE, PAUSE_IMAGE, K8sCache
-from tests.harness.cluster import (
-    CLUSTER_CIDR,
-    DEFAULT_RUN_DIR,
-    LOOPBACK_PLUGIN,
-    NAME_RE,
-    PORT_BASE_ENV,
-    RUN_DIR_ENV,
-    SERVICE_CIDR,
-    SLUICECTL,
-    Cluster,
+from tests.harness.cache import PAUSE_IMAGE, K8sCache
+from tests.harness.cluster import DEFAULT_RUN_DIR, NAME_RE, PORT_BASE_ENV, RUN_DIR_ENV, Cluster
+from tests.harness.cluster_lifecycle import ClusterLifecycle
+from tests.harness.cluster_state import (
     ClusterError,
-    host_routes,
-    processes_mentioning,
+    MultiNodeState,
+    NodeState,
 )
 from tests.harness.components import ClusterLayout, Ports
-from tests.harness.containerd import (
-    CRI_NAMESPACE,
-    PrivateContainerd,
-    remove_cni_cache_entries,
-    unmount_all_under,
+from tests.harness.containerd import PrivateContainerd, remove_cni_cache_entries, unmount_all_under
+from tests.harness.host_facts import host_routes, processes_mentioning
+from tests.harness.node_layout import CLUSTER_CIDR, SERVICE_CIDR, SLUICECTL, NodeHandle, NodeLayout
+from tests.harness.node_network import NodeNetwork
+from tests.harness.node_processes import (
+    NodeProcesses,
+    assert_running,
+    run_steps,
+    schedulable,
+    wait_serving,
 )
-from tests.harness.node_network import NodeNetwork, in_netns
-from tests.harness.processes import (
-    Daemons,
-    ProcessRecord,
-    is_alive,
-    log_tail,
-    process_start_time,
-    wait_until,
-)
+from tests.harness.processes import Daemons, ProcessRecord, is_alive, log_tail
 
 DEFAULT_PORT_BASE = 25000
 DEFAULT_NAME = "multi"
@@ -84,74 +70,21 @@ CNIS = ("sluice", "ptp")
 RESOLVERS = ("agent", "controller")
 
 
-@dataclass
-class NodeState:
-    index: int
-    name: str  # the Node object's name
-    netns: str
-    address: str
-    directory: str
-    bpf_dir: str
-    cgroup_root: str
-    pod_cidr: str = ""
-    processes: dict[str, ProcessRecord] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["processes"] = {k: v.to_json() for k, v in self.processes.items()}
-        return data
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> NodeState:
-        data = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-        data["processes"] = {
-            k: ProcessRecord.from_json(v) for k, v in data.get("processes", {}).items()
-        }
-        return cls(**data)
-
-
-@dataclass
-class MultiNodeState:
-    name: str
-    prefix: str
-    subnet: str
-    routes: str
-    cni: str
-    resolver: str
-    host: host.HostSnapshot
-    nodes: list[NodeState] = field(default_factory=list)
-    processes: dict[str, ProcessRecord] = field(default_factory=dict)  # on the host
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            **{k: getattr(self, k) for k in ("name", "prefix", "subnet", "routes", "cni")},
-            "resolver": self.resolver,
-            "host": self.host.to_json(),
-            "nodes": [n.to_json() for n in self.nodes],
-            "processes": {k: v.to_json() for k, v in self.processes.items()},
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> MultiNodeState:
-        return cls(
-            name=data["name"],
-            prefix=data["prefix"],
-            subnet=data["subnet"],
-            routes=data["routes"],
-            cni=data.get("cni", "sluice"),
-            resolver=data.get("resolver", "agent"),
-            host=host.HostSnapshot.from_json(data["host"]),
-            nodes=[NodeState.from_json(n) for n in data.get("nodes", [])],
-            processes={k: ProcessRecord.from_json(v) for k, v in data.get("processes", {}).items()},
-        )
-
-
-class Node:
+class Node(NodeHandle):
     """One node of the cluster: paths and clients (its processes are in the state)."""
 
     def __init__(self, cluster: MultiNodeCluster, state: NodeState) -> None:
         self.cluster = cluster
         self.state = state
+        directory = Path(state.directory)
+        self.layout = NodeLayout(
+            directory=directory,
+            containerd_base=directory / f"sluice-ctrd-{cluster.name}-n{state.index}",
+            network=cluster.network,
+            bpf_dir=Path(state.bpf_dir),
+            cgroup_root=state.cgroup_root,
+            netns=state.netns,
+        )
 
     @property
     def index(self) -> int:
@@ -175,84 +108,19 @@ class Node:
 
     @property
     def directory(self) -> Path:
-        return Path(self.state.directory)
+        return self.layout.directory
 
-    @property
-    def cni_bin_dir(self) -> Path:
-        return self.directory / "cni" / "bin"
-
-    @property
-    def cni_conf_dir(self) -> Path:
-        return self.directory / "cni" / "net.d"
-
-    @property
-    def sluice_conf(self) -> Path:
-        return self.cni_conf_dir / "10-sluice.conflist"
-
-    @property
-    def sluice_state_dir(self) -> Path:
-        return self.directory / "sluice" / "state"
-
-    @property
-    def agent_socket(self) -> Path:
-        return self.directory / "sluice" / "agent.sock"
-
-    @property
-    def containerd_base(self) -> Path:
-        return self.directory / f"sluice-ctrd-{self.cluster.name}-n{self.index}"
-
-    def log_path(self, component: str) -> Path:
-        return self.directory / "logs" / f"{component}.log"
-
-    def layout(self) -> ClusterLayout:
-        return ClusterLayout(
-            directory=self.directory,
-            cache=self.cluster.cache,
-            ports=self.cluster.ports,
-            node_name=self.name,
-            node_ip=self.address,
-            cluster_cidr=CLUSTER_CIDR,
-            node_cidr_mask=24,
-            service_cidr=SERVICE_CIDR,
-            containerd_socket=self.containerd_base / "containerd.sock",
-            cgroup_root=self.state.cgroup_root,
+    def components(self) -> ClusterLayout:
+        """What the flags of the node's kubelet and kube-proxy are made of."""
+        return self.layout.components(
+            self.cluster.cache, self.cluster.ports, self.name, self.address
         )
 
     def containerd(self) -> PrivateContainerd:
-        return PrivateContainerd(
-            cni_bin_dir=self.cni_bin_dir,
-            cni_conf_dir=self.cni_conf_dir,
-            sandbox_image=PAUSE_IMAGE,
-            base=self.containerd_base,
-            netns=self.netns,
-        )
-
-    def run(self, argv: Sequence[str], timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
-        """A command in the node's network namespace."""
-        return subprocess.run(
-            in_netns(self.netns, [str(a) for a in argv]),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-
-    def sluicectl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        proc = self.run([str(SLUICECTL), *args, "--conf", str(self.sluice_conf)], timeout=120)
-        if check and proc.returncode != 0:
-            raise ClusterError(
-                f"node {self.name}: sluicectl {' '.join(args)} exited {proc.returncode}: "
-                f"{proc.stdout.strip()} {proc.stderr.strip()}"
-            )
-        return proc
-
-    def sluice_ready(self) -> bool:
-        return (
-            self.sluicectl("status", f"--bin-dir={self.cni_bin_dir}", check=False).returncode == 0
-        )
+        return self.layout.containerd()
 
 
-class MultiNodeCluster:
+class MultiNodeCluster(ClusterLifecycle[MultiNodeState]):
     """``with MultiNodeCluster(nodes=3) as cluster:`` brings a cluster of 3 nodes up
     and down; ``python -m tests.harness up --nodes 3`` drives the same class."""
 
@@ -311,23 +179,11 @@ class MultiNodeCluster:
     # --- paths and clients ------------------------------------------------------------
 
     @property
-    def state_file(self) -> Path:
-        return self.directory / "state.json"
-
-    @property
     def kubeconfig(self) -> Path:
         return self.control_plane.kubeconfig
 
     def kubeconfig_for(self, client: str) -> Path:
         return self.control_plane.kubeconfig_for(client)
-
-    @property
-    def state(self) -> MultiNodeState:
-        if self._state is None:
-            self._state = self._load_state()
-            if self._state is None:
-                raise ClusterError(f"cluster {self.name} is not up (no {self.state_file})")
-        return self._state
 
     @property
     def nodes(self) -> list[Node]:
@@ -353,46 +209,10 @@ class MultiNodeCluster:
     def fresh_namespace(self) -> contextlib.AbstractContextManager[str]:
         return self.control_plane.fresh_namespace()
 
-    def is_up(self) -> bool:
-        return self.state_file.exists()
-
-    # --- context manager --------------------------------------------------------------
-
-    def __enter__(self) -> MultiNodeCluster:
-        self.up()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        leftovers = self.down()
-        if leftovers and exc is None:
-            raise ClusterError(f"cluster {self.name} left behind: {leftovers}")
-
     # --- up ---------------------------------------------------------------------------
 
-    def up(self) -> None:
-        if self.state_file.exists():
-            raise ClusterError(
-                f"cluster {self.name} already has state in {self.state_file}: run "
-                f"`python -m tests.harness down --name {self.name}` first"
-            )
-        missing = self.cache.missing()
-        if missing:
-            raise ClusterError(
-                f"the Kubernetes cache {self.cache.root} lacks {missing[0].name}: "
-                "run `make k8s-build`"
-            )
-        try:
-            self._up()
-        except BaseException:
-            print(f"cluster {self.name} failed to come up:\n{self.log_tails()}", file=sys.stderr)
-            with contextlib.suppress(Exception):
-                self.down()
-            raise
+    def _parse_state(self, data: dict[str, Any]) -> MultiNodeState:
+        return MultiNodeState.from_json(data)
 
     def _up(self) -> None:
         started = time.monotonic()
@@ -447,83 +267,47 @@ class MultiNodeCluster:
         node.directory.mkdir()
         self.node_network.add_node(index)
         for client in ("kubelet", "kube-proxy", "sluice-agent"):
-            shutil.copy2(self.kubeconfig_for(client), node.directory / f"{client}.kubeconfig")
-        self._start_containerd(node)
-        self._start_kubelet(node)
-        self._install_cni(node)
+            shutil.copy2(self.kubeconfig_for(client), node.layout.kubeconfig(client))
+        processes = self._processes(node)
+        processes.start_containerd(node.containerd())
+        self._start_kubelet(node, processes)
+        self._install_cni(node, processes)
         if self.routes == "static":
             self._static_routes()
         if self.cni == "sluice" and self.agent:
-            self._start(node, "sluice-agent", self._agent_argv(node))
-            self._wait(node.sluice_ready, f"sluicectl status on {node.name}", 120)
-        self._start_kube_proxy(node)
+            processes.start_agent(self._agent_argv(node), node.name)
+        processes.start_kube_proxy(node.components())
         return node
 
-    def _start_containerd(self, node: Node) -> None:
-        containerd = node.containerd()
-        containerd.start()
-        assert containerd.pid is not None
-        record = ProcessRecord(
-            "containerd",
-            containerd.pid,
-            process_start_time(containerd.pid) or 0,
-            ["containerd", "--config", str(containerd.config_path)],
-            str(containerd.log_path),
+    def _processes(self, node: Node) -> NodeProcesses:
+        """The node's processes, recorded in the state file."""
+        return NodeProcesses(
+            node.layout,
+            node.state.processes,
+            self._save_state,
+            self._daemons,
+            self._wait,
+            self.cache,
         )
-        node.state.processes["containerd"] = record
-        self._save_state()
-        for image in (PAUSE_IMAGE, AGNHOST_IMAGE):
-            containerd.import_image(self.cache.image_tar(image), namespace=CRI_NAMESPACE)
 
-    def _start_kubelet(self, node: Node) -> None:
-        layout = node.layout()
-        layout.kubelet_dir.mkdir()
-        host.create_cgroups(layout.cgroup_root)
+    def _start_kubelet(self, node: Node, processes: NodeProcesses) -> None:
+        layout = node.components()
         config = components.kubelet_config(layout, "")
         del config["podCIDR"]  # the controller-manager's, from the Node object
         # Three kubelets share two CPUs: report status less often than the default 10 s.
         config["nodeStatusUpdateFrequency"] = "20s"
-        config_file = components.write_json(layout.kubelet_dir / "config.json", config)
-        self._start(node, "kubelet", components.kubelet_argv(layout, config_file))
-
-        def pod_cidr() -> bool:
-            proc = self.kubectl("get", "node", node.name, "-o", "json", check=False)
-            if proc.returncode == 0:
-                node.state.pod_cidr = json.loads(proc.stdout).get("spec", {}).get("podCIDR", "")
-            return bool(node.state.pod_cidr)
-
-        self._wait(pod_cidr, f"node {node.name} registered with a podCIDR", 120)
+        node.state.pod_cidr = processes.start_kubelet(layout, config, self.kubectl, 120)
         self._save_state()
 
-    def _install_cni(self, node: Node) -> None:
-        node.cni_bin_dir.mkdir(parents=True, exist_ok=True)
-        node.cni_conf_dir.mkdir(parents=True, exist_ok=True)  # containerd may have made it
+    def _install_cni(self, node: Node, processes: NodeProcesses) -> None:
         if self.cni == "ptp":
+            node.cni_bin_dir.mkdir(parents=True, exist_ok=True)
+            node.cni_conf_dir.mkdir(parents=True, exist_ok=True)  # containerd may have made it
             for plugin in ("ptp", "host-local", "portmap", "loopback"):
                 (node.cni_bin_dir / plugin).symlink_to(REFERENCE_PLUGINS / plugin)
             components.write_json(node.cni_conf_dir / "10-ptp.conflist", self.ptp_conf(node))
         else:
-            node.sluice_state_dir.mkdir(parents=True)
-            argv = [
-                str(SLUICECTL),
-                "install",
-                f"--bin-dir={node.cni_bin_dir}",
-                f"--conf-dir={node.cni_conf_dir}",
-                f"--conf-name={node.sluice_conf.name}",
-                f"--name={self.network}",
-                f"--subnet={node.pod_cidr}",
-                f"--cluster-cidr={CLUSTER_CIDR}",
-                "--cni-version=1.0.0",  # containerd 1.6's libcni knows results up to 1.0.0
-                "--policy=off",
-                f"--state-dir={node.sluice_state_dir}",
-                f"--bpf-dir={node.state.bpf_dir}",
-                f"--agent-socket={node.agent_socket}",
-                *self.install_args,  # later options win
-            ]
-            proc = node.run(argv)  # in the node: the pod MTU is its uplink's
-            if proc.returncode != 0:
-                raise ClusterError(f"{' '.join(argv)} exited {proc.returncode}: {proc.stderr}")
-            (node.cni_bin_dir / LOOPBACK_PLUGIN.name).symlink_to(LOOPBACK_PLUGIN)
+            processes.install_sluice(node.pod_cidr, self.install_args)
         node.containerd().wait_cri_ready(PAUSE_IMAGE, timeout=60)
 
     def ptp_conf(self, node: Node) -> dict[str, Any]:
@@ -550,16 +334,7 @@ class MultiNodeCluster:
         self.node_network.add_static_routes(cidrs)
 
     def _agent_argv(self, node: Node) -> list[str]:
-        argv = [
-            str(SLUICECTL),
-            "agent",
-            "--conf",
-            str(node.sluice_conf),
-            "--kubeconfig",
-            str(node.directory / "sluice-agent.kubeconfig"),
-            "--node-name",
-            node.name,
-        ]
+        argv = node.layout.agent_argv(node.name)
         if self.resolver == "controller":
             argv += ["--resolver", "controller"]
         return argv
@@ -567,52 +342,18 @@ class MultiNodeCluster:
     def _controller_argv(self) -> list[str]:
         return [str(SLUICECTL), "controller", "--kubeconfig", str(self.kubeconfig_for("admin"))]
 
-    def _start_kube_proxy(self, node: Node) -> None:
-        layout = node.layout()
-        config = components.kube_proxy_config(layout)
-        config["clientConnection"] = {"kubeconfig": str(node.directory / "kube-proxy.kubeconfig")}
-        config_file = components.write_json(node.directory / "kube-proxy.json", config)
-        self._start(node, "kube-proxy", components.kube_proxy_argv(layout, config_file))
-
     def _wait_nodes_ready(self) -> None:
         names = {n.name for n in self.state.nodes}
 
         def all_ready() -> bool:
             listed = self.kubectl_json("get", "nodes")
-            ready = set()
-            for item in listed.get("items", []):
-                conditions = item.get("status", {}).get("conditions", [])
-                taints = item.get("spec", {}).get("taints") or []
-                if any(c["type"] == "Ready" and c["status"] == "True" for c in conditions) and (
-                    not any(t.get("effect") == "NoSchedule" for t in taints)
-                ):
-                    ready.add(item["metadata"]["name"])
+            ready = {i["metadata"]["name"] for i in listed.get("items", []) if schedulable(i)}
             return names <= ready
 
         self._wait(all_ready, f"nodes {sorted(names)} Ready without NoSchedule taints", 180)
-        for check in (
-            ("serviceaccount", "default", "-n", "default"),
-            ("configmap", "kube-root-ca.crt", "-n", "default"),
-        ):
-            self._wait(
-                lambda check=check: self.kubectl("get", *check, check=False).returncode == 0,
-                " ".join(check),
-            )
-        for node in self.nodes:
-
-            def programmed(node: Node = node) -> bool:
-                nat = node.run(["iptables", "-w", "-t", "nat", "-S", "KUBE-SERVICES"])
-                return "default/kubernetes:https" in nat.stdout
-
-            self._wait(programmed, f"kube-proxy on {node.name} to program the kubernetes Service")
+        wait_serving(self._wait, self.kubectl, {n.name: self._processes(n) for n in self.nodes})
 
     # --- processes ----------------------------------------------------------------------
-
-    def _start(self, node: Node, name: str, argv: Sequence[str]) -> ProcessRecord:
-        record = self._daemons.start(name, in_netns(node.netns, list(argv)), node.log_path(name))
-        node.state.processes[name] = record
-        self._save_state()
-        return record
 
     def _start_on_host(self, name: str, argv: Sequence[str]) -> ProcessRecord:
         record = self._daemons.start(name, argv, self.directory / "logs" / f"{name}.log")
@@ -621,52 +362,18 @@ class MultiNodeCluster:
         return record
 
     def _assert_running(self) -> None:
-        for owner, processes in (
-            ("host", self.state.processes),
-            *((n.name, n.processes) for n in self.state.nodes),
-        ):
-            for record in processes.values():
-                code = self._daemons.exited(record)
-                if code is not None:
-                    raise ClusterError(
-                        f"{record.name} on {owner} exited ({code}); tail of {record.log}:\n"
-                        f"{log_tail(record.log)}"
-                    )
-
-    def _wait(self, condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-        def check() -> bool:
-            self._assert_running()
-            return condition()
-
-        wait_until(check, timeout=timeout, what=what, details=lambda: self.log_tails(15))
+        assert_running(self._daemons, self.state.processes, " on host")
+        for node in self.state.nodes:
+            assert_running(self._daemons, node.processes, f" on {node.name}")
 
     def stop_process(self, node: Node, name: str) -> None:
-        record = node.state.processes.pop(name, None)
-        self._save_state()
-        if record is not None:
-            self._daemons.stop(record)
+        self._processes(node).withdraw(name)
 
     def restart_agent(self, node: Node, argv: Sequence[str] | None = None) -> None:
         """Stop node's agent (its pinned datapath keeps enforcing) and start it again."""
-        self.stop_process(node, "sluice-agent")
-        self._start(node, "sluice-agent", list(argv or self._agent_argv(node)))
-        self._wait(node.sluice_ready, f"sluicectl status on {node.name}", 120)
-
-    def _save_state(self) -> None:
-        tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.state.to_json(), indent=2) + "\n")
-        tmp.replace(self.state_file)
-
-    def _load_state(self) -> MultiNodeState | None:
-        try:
-            return MultiNodeState.from_json(json.loads(self.state_file.read_text()))
-        except FileNotFoundError:
-            return None
-        except (ValueError, TypeError, KeyError) as exc:
-            raise ClusterError(f"{self.state_file} is unreadable: {exc}") from exc
-
-    def _log(self, message: str) -> None:
-        print(f"[k8s {self.name}] {message}", file=sys.stderr, flush=True)
+        processes = self._processes(node)
+        processes.withdraw("sluice-agent")
+        processes.start_agent(list(argv or self._agent_argv(node)), node.name)
 
     def log_tails(self, lines: int = 20) -> str:
         parts = [self.control_plane.log_tails(lines)]
@@ -707,57 +414,23 @@ class MultiNodeCluster:
             raise ClusterError(f"node {node.name} teardown failed:\n" + "\n".join(errors))
 
     def _teardown_node(self, node: Node) -> list[str]:
-        steps: list[tuple[str, Callable[[], object]]] = [
-            ("stop kubelet", lambda: self._stop_record(node, "kubelet")),
-            ("remove pods through CRI", lambda: self._remove_pods(node)),
-            ("stop the sluice agent", lambda: self._stop_record(node, "sluice-agent")),
-            ("stop kube-proxy", lambda: self._stop_record(node, "kube-proxy")),
-            ("stop containerd", lambda: self._stop_containerd(node)),
+        processes = self._processes(node)
+        steps = [
+            *processes.stop_steps(
+                lambda: node.containerd() if node.containerd_base.exists() else None
+            ),
             ("remove the namespace", lambda: self.node_network.remove_node(node.index)),
             ("remove the bpffs directory", lambda: shutil.rmtree(node.state.bpf_dir, True)),
             ("remove cgroups", lambda: host.remove_cgroups(node.state.cgroup_root)),
             ("unmount", lambda: unmount_all_under(node.directory)),
-            ("keep logs", lambda: self._keep_node_logs(node)),
+            ("keep logs", lambda: self._keep_node_logs(processes, node.name)),
             ("remove the node directory", lambda: shutil.rmtree(node.directory, True)),
         ]
-        errors = []
-        for what, step in steps:
-            try:
-                step()
-            except Exception as exc:
-                errors.append(f"{node.name}: {what}: {exc}")
-        return errors
+        return [f"{node.name}: {error}" for error in run_steps(steps)]
 
-    def _stop_record(self, node: Node, name: str) -> None:
-        record = node.state.processes.get(name)
-        if record is not None:
-            self._daemons.stop(record)
-
-    def _remove_pods(self, node: Node) -> None:
-        record = node.state.processes.get("containerd")
-        if record is None or not is_alive(record):
-            return
-        containerd = node.containerd()
-        for pod in containerd.crictl("pods", "-q", check=False, timeout=30).stdout.split():
-            containerd.remove_pod(pod, check=False)
-
-    def _stop_containerd(self, node: Node) -> None:
-        record = node.state.processes.get("containerd")
-        if record is not None:
-            self._daemons.stop(record)
-        if node.containerd_base.exists():
-            node.containerd().close()  # shims, mounts, its directory and cgroups
-
-    def _keep_node_logs(self, node: Node) -> None:
-        if self.keep_logs is None:
-            return
-        dest = self.keep_logs / node.name
-        dest.mkdir(parents=True, exist_ok=True)
-        for log in (node.directory / "logs").glob("*.log"):
-            shutil.copy2(log, dest / log.name)
-        containerd_log = node.containerd_base / "containerd.log"
-        if containerd_log.exists():
-            shutil.copy2(containerd_log, dest / "containerd.log")
+    def _keep_node_logs(self, processes: NodeProcesses, name: str) -> None:
+        if self.keep_logs is not None:
+            processes.keep_logs(self.keep_logs / name)
 
     def down(self) -> list[str]:
         """Remove everything ``up`` created; return what could not be removed."""
@@ -790,11 +463,7 @@ class MultiNodeCluster:
                 lambda: host.remove_created_paths(state.host, self.directory),
             ),
         ]
-        for what, step in steps:
-            try:
-                step()
-            except Exception as exc:
-                errors.append(f"{what}: {exc}")
+        errors += run_steps(steps)
         leftovers = self.leftovers(state, indexes)
         self._state = None
         self._log(f"down in {time.monotonic() - started:.0f} s")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from tests.harness import build, e2e
 from tests.harness.cache import K8S_VERSION, STAGING_VERSION, K8sCache
-from tests.harness.cluster import ClusterState
+from tests.harness.cluster_state import ClusterState
 from tests.harness.components import Ports
 from tests.harness.host import HostSnapshot
 from tests.harness.processes import ProcessRecord
