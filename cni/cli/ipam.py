@@ -218,6 +218,7 @@ def check(conf_path: str | None, repair: bool, kubeconfig: str | None, output: s
 def _node_attachments(conf: NetConf) -> Iterator[tuple[Any, Any]]:
     """How to list the network's veths with the addresses routed to them, and how to
     remove one (veth, datapath endpoint, masquerade entries)."""
+    from cni.datapath.endpoint import DatapathEndpoints
     from cni.datapath.maps import Datapath
     from cni.net import masq
     from cni.net.netlink import node_socket
@@ -234,7 +235,7 @@ def _node_attachments(conf: NetConf) -> Iterator[tuple[Any, Any]]:
             if veth is None:
                 return
             ips = podnet.node_routed_ips(node, veth)
-            podnet.disconnect(node, veth, datapath, ips)
+            podnet.disconnect(node, veth, DatapathEndpoints(datapath), ips)
             if conf.ip_masq:
                 masq.remove(conf.network, ips)
 

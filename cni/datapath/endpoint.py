@@ -180,3 +180,32 @@ def sweep(datapath: Datapath, live: set[int] | None = None) -> int:
             return len(gone)
         except DatapathMissing:
             return 0
+
+
+class DatapathEndpoints:
+    """The ``EndpointRegistry`` (cni.datapath.interfaces) of an open ``Datapath``:
+    this module's functions, on that handle."""
+
+    def __init__(self, datapath: Datapath) -> None:
+        self.datapath = datapath
+
+    def attach(self, ifindex: int, name: str, tcx: bool) -> None:
+        attach_new(self.datapath, None, ifindex, name, tcx)
+
+    def register(self, ifindex: int, name: str, ips: list[str]) -> None:
+        register(self.datapath, ifindex, name, ips)
+
+    def detach(self, ifindex: int, ips: list[str] | None) -> None:
+        detach(self.datapath, ifindex, ips)
+
+    def forget(self, ifindex: int, ips: list[str]) -> None:
+        forget(self.datapath, ifindex, ips)
+
+    def release_links(self, ifindex: int) -> None:
+        release_links(self.datapath, ifindex)
+
+    def forget_gone(self, ips: list[str]) -> None:
+        forget_gone(self.datapath, ips)
+
+    def sweep_gone(self) -> None:
+        sweep(self.datapath, live_ifindexes())

@@ -1,4 +1,4 @@
-"""What the agent's enforcer needs of the datapath, as a Protocol.
+"""What the agent's enforcer and the plugin's wiring need of the datapath, as Protocols.
 
 The enforcer (``cni.agent.enforcer``) decides which policy each endpoint must
 have; the datapath makes it the live one in the kernel's maps. Between the two
@@ -20,9 +20,10 @@ A writer's failures come in two kinds, handled differently by the enforcer:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from cni.policy.vocabulary import EndpointPolicy, PolicyError
+if TYPE_CHECKING:  # the plugin's wiring loads this module on every ADD: types only
+    from cni.policy.vocabulary import EndpointPolicy, PolicyError
 
 
 class PolicyWriter(Protocol):
@@ -40,4 +41,45 @@ class PolicyWriter(Protocol):
     def set_service_addresses(self, addresses: Iterable[str]) -> None:
         """Make ``addresses`` the set of Service ClusterIPs that egress rules let
         through; one that stays in the set is never absent meanwhile."""
+        ...
+
+
+class EndpointRegistry(Protocol):
+    """A pod's node-side veth in the datapath: its programs and its endpoint entries.
+
+    The plugin's wiring (``cni.plugin.podnet``) holds one and calls nothing else
+    of the datapath. On a node it is ``cni.datapath.endpoint.DatapathEndpoints``
+    over the caller's open ``Datapath``; tests may give a recording one. Every
+    failure is a ``CNIError`` (the kernel refused an attach or a map write).
+    Removal comes after the veth is gone or down, never before: ``detach`` once
+    it is deleted; ``forget`` once it is down, then ``release_links`` once it is
+    deleted."""
+
+    def attach(self, ifindex: int, name: str, tcx: bool) -> None:
+        """The programs on a new veth's hooks (tcx links, or clsact filters)."""
+        ...
+
+    def register(self, ifindex: int, name: str, ips: list[str]) -> None:
+        """The endpoint's entries: its addresses (any other source is spoofed) and
+        an empty conntrack table of its own."""
+        ...
+
+    def detach(self, ifindex: int, ips: list[str] | None) -> None:
+        """The entries and links of an endpoint whose veth is deleted."""
+        ...
+
+    def forget(self, ifindex: int, ips: list[str]) -> None:
+        """The entries of an endpoint whose veth is down; its links stay."""
+        ...
+
+    def release_links(self, ifindex: int) -> None:
+        """The links of a forgotten endpoint, once its veth is deleted."""
+        ...
+
+    def forget_gone(self, ips: list[str]) -> None:
+        """Every endpoint registered for ``ips`` whose veth no longer exists."""
+        ...
+
+    def sweep_gone(self) -> None:
+        """Every endpoint, and every link, whose veth no longer exists."""
         ...

@@ -14,8 +14,9 @@ ADD takes three steps here, in this order (``cni/plugin/verbs/add.py``):
 ``create_pair`` (a ``VethPlan`` in, a ``MadePair`` out, its programs
 attaching meanwhile), ``register`` (the endpoint's entries, once its
 ``Addressing`` is known) and ``bring_up``; ``remove_pair`` undoes all three.
-Everything takes plain values and the open datapath handle of the caller's
-process.
+Everything takes plain values and the datapath as an ``EndpointRegistry``
+(``cni.datapath.interfaces``): on a node, ``DatapathEndpoints`` over the open
+datapath handle of the caller's process.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from cni.datapath import endpoint
-from cni.datapath.maps import Datapath
+from cni.datapath.interfaces import EndpointRegistry
 from cni.net import addr, link, route
 from cni.net.netlink import Rtnl
 from cni.net.route import RouteSpec
@@ -86,7 +87,7 @@ class MadePair(NamedTuple):
 
 
 def create_pair(
-    node: Rtnl, pod: Rtnl, pod_netns_fd: int, veth: VethPlan, datapath: Datapath
+    node: Rtnl, pod: Rtnl, pod_netns_fd: int, veth: VethPlan, endpoints: EndpointRegistry
 ) -> MadePair:
     """Create the pair, both ends down, and start attaching the programs to its node
     end.
@@ -100,7 +101,7 @@ def create_pair(
     # Before the attach: the kernel takes the RTNL lock for disable_ipv6 by trylock,
     # restarting the write in a busy loop while an attach holds it.
     endpoint.no_ipv6_from_pod(pair.node_veth)
-    return MadePair(veth, node_index, Attaching(datapath, node_index, pair.node_veth, veth.tcx))
+    return MadePair(veth, node_index, Attaching(endpoints, node_index, pair.node_veth, veth.tcx))
 
 
 class Attaching:
@@ -109,19 +110,21 @@ class Attaching:
     11 ms, holding the RTNL lock), time in which ADD allocates the address,
     registers the endpoint and installs its policy. ``wait`` before the pair goes up."""
 
-    def __init__(self, datapath: Datapath, ifindex: int, name: str, tcx: bool = True) -> None:
+    def __init__(
+        self, endpoints: EndpointRegistry, ifindex: int, name: str, tcx: bool = True
+    ) -> None:
         self.error: BaseException | None = None
         self._thread = threading.Thread(
             target=self._run,
-            args=(datapath, ifindex, name, tcx),
+            args=(endpoints, ifindex, name, tcx),
             name=f"attach-{name}",
             daemon=True,
         )
         self._thread.start()
 
-    def _run(self, datapath: Datapath, ifindex: int, name: str, tcx: bool) -> None:
+    def _run(self, endpoints: EndpointRegistry, ifindex: int, name: str, tcx: bool) -> None:
         try:
-            endpoint.attach_new(datapath, None, ifindex, name, tcx)
+            endpoints.attach(ifindex, name, tcx)
         except BaseException as err:  # handed to wait()
             self.error = err
 
@@ -132,10 +135,10 @@ class Attaching:
             raise self.error
 
 
-def register(datapath: Datapath, made: MadePair, addressing: Addressing) -> None:
+def register(endpoints: EndpointRegistry, made: MadePair, addressing: Addressing) -> None:
     """The endpoint's entries (its addresses: any other source is spoofed), while the
     programs attach; ``remove_pair`` removes them with the pair."""
-    endpoint.register(datapath, made.ifindex, made.plan.pair.node_veth, addressing.ips)
+    endpoints.register(made.ifindex, made.plan.pair.node_veth, addressing.ips)
 
 
 def bring_up(
@@ -166,7 +169,7 @@ def bring_up(
     return node_link, pod_link
 
 
-def remove_pair(node: Rtnl, made: MadePair, datapath: Datapath, ips: list[str]) -> None:
+def remove_pair(node: Rtnl, made: MadePair, endpoints: EndpointRegistry, ips: list[str]) -> None:
     """Undo ``create_pair``, ``register`` and ``bring_up``: once the programs' attach
     is over (never remove a veth a thread still works on), the pair, its routes
     and its endpoint go. ``ips``: the pod's addresses, if it got them."""
@@ -175,7 +178,7 @@ def remove_pair(node: Rtnl, made: MadePair, datapath: Datapath, ips: list[str]) 
     veth = link.get_link(node, made.plan.pair.node_veth)
     if veth is None:
         return
-    disconnect(node, veth, datapath, sorted({*ips, *node_routed_ips(node, veth)}))
+    disconnect(node, veth, endpoints, sorted({*ips, *node_routed_ips(node, veth)}))
 
 
 def node_routed_ips(node: Rtnl, node_link: link.Link) -> list[str]:
@@ -193,7 +196,10 @@ def routed_alias(node: Rtnl, ip: str) -> str | None:
 
 
 def disconnect(
-    node: Rtnl, node_veth: link.Link | None, datapath: Datapath, ips: list[str] | None = None
+    node: Rtnl,
+    node_veth: link.Link | None,
+    endpoints: EndpointRegistry,
+    ips: list[str] | None = None,
 ) -> None:
     """Delete the pair (the pod end goes with it), then forget the endpoint, so the
     pair is never up and unfiltered (``ips``: its addresses, if known)."""
@@ -202,16 +208,16 @@ def disconnect(
         # pod's addresses still name go if their veth is gone; knowing no address,
         # every endpoint whose veth no longer exists does.
         if ips:
-            endpoint.forget_gone(datapath, ips)
+            endpoints.forget_gone(ips)
         else:
-            endpoint.sweep(datapath, endpoint.live_ifindexes())
+            endpoints.sweep_gone()
         return
     link.delete_link(node, node_veth.name)
-    endpoint.detach(datapath, node_veth.index, ips)
+    endpoints.detach(node_veth.index, ips)
 
 
 def cut_off(
-    node: Rtnl, node_veth: link.Link, datapath: Datapath, ips: list[str]
+    node: Rtnl, node_veth: link.Link, endpoints: EndpointRegistry, ips: list[str]
 ) -> Callable[[], None]:
     """Take the pair out of service now and return what deletes it.
 
@@ -223,12 +229,12 @@ def cut_off(
     function deletes the veth (by ifindex, so never a newer one of the same
     name), then releases its links. ``ips``: the addresses the node routes to it."""
     link.set_down(node, node_veth.index, node_veth.name)
-    endpoint.forget(datapath, node_veth.index, ips)
+    endpoints.forget(node_veth.index, ips)
 
     def finish() -> None:
         with Rtnl() as rtnl:
             link.delete_link_index(rtnl, node_veth.index, node_veth.name)
-        endpoint.release_links(datapath, node_veth.index)
+        endpoints.release_links(node_veth.index)
 
     return finish
 

@@ -15,6 +15,7 @@ import ipaddress
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from cni.datapath.endpoint import DatapathEndpoints
 from cni.datapath.maps import Datapath
 from cni.net import link, masq, sysctl
 from cni.net.netlink import Rtnl, node_socket, pod_socket
@@ -95,6 +96,7 @@ def add(
             tcx=conf.datapath.attach == "tcx",
         )
         ensure_datapath(conf, datapath)
+        endpoints = DatapathEndpoints(datapath)
         stop()
 
         with Undo(attachment.alias) as undo:
@@ -104,9 +106,9 @@ def add(
             undo.push("release the address", lease.release)
             # The pair before the address, so that its programs attach (the kernel's
             # grace periods) while the address is allocated and the policy installed.
-            made = podnet.create_pair(node, pod, netns.fd, veth, datapath)
+            made = podnet.create_pair(node, pod, netns.fd, veth, endpoints)
             undo.push(
-                "remove the veth", lambda: podnet.remove_pair(node, made, datapath, lease.ips)
+                "remove the veth", lambda: podnet.remove_pair(node, made, endpoints, lease.ips)
             )
             addressing = lease.take()
             stop()
@@ -114,7 +116,7 @@ def add(
             if conf.ip_masq:
                 undo.push("stop masquerading", lambda: masq.remove(conf.network, addressing.ips))
                 masq.add(conf.network, cluster_range(conf, addressing), addressing.ips)
-            podnet.register(datapath, made, addressing)  # removed with the pair
+            podnet.register(endpoints, made, addressing)  # removed with the pair
             if policy is not None:
                 undo.push("forget the pod's policy", policy.remove)
                 policy.install(made.ifindex, addressing.ips)
@@ -260,7 +262,7 @@ def remove_leftover_veth(
         )
     log.warning("removing leftover veth %s of %s", existing.name, attachment.alias)
     ips = podnet.node_routed_ips(node, existing)
-    podnet.disconnect(node, existing, datapath, ips)
+    podnet.disconnect(node, existing, DatapathEndpoints(datapath), ips)
     masq.remove(conf.network, ips)
 
 

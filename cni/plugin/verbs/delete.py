@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
+from cni.datapath.endpoint import DatapathEndpoints
 from cni.datapath.maps import Datapath
 from cni.net import conntrack, link, masq
 from cni.net.netlink import Rtnl, node_socket
@@ -95,7 +96,7 @@ def _cut_off(attachment: Attachment, datapath: Datapath) -> CutOff | None:
         # A delegated IPAM's addresses are known only from the node's routes, which
         # the kernel drops once the veth is down.
         routed = podnet.node_routed_ips(node, veth)
-        return CutOff(routed, podnet.cut_off(node, veth, datapath, routed))
+        return CutOff(routed, podnet.cut_off(node, veth, DatapathEndpoints(datapath), routed))
 
 
 def finish_cut_off(
@@ -149,7 +150,7 @@ def _remove_veth(
     already gone); return the addresses the node routed to it."""
     veth = _own_veth(node, attachment)
     routed = podnet.node_routed_ips(node, veth) if veth is not None else []
-    podnet.disconnect(node, veth, datapath, sorted({*held, *routed}))
+    podnet.disconnect(node, veth, DatapathEndpoints(datapath), sorted({*held, *routed}))
     return routed
 
 

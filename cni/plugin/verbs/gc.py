@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from cni.datapath import bpf, endpoint, reaper
+from cni.datapath.endpoint import DatapathEndpoints
 from cni.datapath.maps import Datapath, DatapathMissing
 from cni.net import masq
 from cni.net.netlink import node_socket
@@ -53,7 +54,7 @@ def gc(
             try:
                 ips = podnet.node_routed_ips(node, veth)
                 gone_ips += ips
-                podnet.disconnect(node, veth, datapath, ips)
+                podnet.disconnect(node, veth, DatapathEndpoints(datapath), ips)
                 log.info("gc: removed veth %s of %s/%s", veth.name, *key)
             except CNIError as err:
                 errors.append(err)

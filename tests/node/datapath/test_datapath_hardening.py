@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from cni.datapath import attach, endpoint
+from cni.datapath import attach
+from cni.datapath.endpoint import DatapathEndpoints
 from cni.datapath.maps import Datapath
 from cni.net import link
 from cni.net.netlink import Rtnl
@@ -19,6 +20,7 @@ from cni.plugin import podnet
 from tests.harness import packets as pk
 from tests.harness.cni_run import TEST_BPF_DIR, Network, PodNamespaces, in_netns, node_veth
 from tests.harness.datapath_pods import PROBE, PYTHON, Pod, Server
+from tests.harness.fake_endpoints import RecordingEndpoints
 
 NODE_MAC = bytes.fromhex("eeeeeeeeeeee")
 
@@ -141,21 +143,16 @@ def test_every_address_of_a_pod_is_its_own(
 
 
 def test_del_deletes_the_veth_before_it_unpins_the_filter(
-    network: Network, pods: PodNamespaces, monkeypatch: pytest.MonkeyPatch
+    network: Network, pods: PodNamespaces
 ) -> None:
     netns = pods.new()
     result = network.add(netns, "order")
     veth, ifindex = node_veth(result)
-    seen: list[bool] = []
-    detach = endpoint.detach
-
-    def spy(datapath: Datapath, index: int, ips: list[str] | None = None) -> None:
-        seen.append(Path(f"/sys/class/net/{veth}").exists())
-        detach(datapath, index, ips)
-
-    monkeypatch.setattr(endpoint, "detach", spy)
     with Rtnl() as node, Datapath(TEST_BPF_DIR) as datapath:
-        podnet.disconnect(node, link.get_link(node, veth), datapath)
-    assert seen == [False], "the veth was gone when its links were unpinned"
+        registry = RecordingEndpoints(passes_to=DatapathEndpoints(datapath))
+        podnet.disconnect(node, link.get_link(node, veth), registry)
+    assert [(c.method, c.ifindex, c.veth_existed) for c in registry.calls] == [
+        ("detach", ifindex, False)
+    ], "the veth was gone when its links were unpinned"
     assert not Path(attach.link_path(TEST_BPF_DIR, ifindex, "from_pod")).exists()
     network.delete(netns, "order").ok()
