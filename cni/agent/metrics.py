@@ -18,12 +18,13 @@ entries per system call, at most once per ``CT_REFRESH`` seconds.
 from __future__ import annotations
 
 import logging
+import platform
 import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -31,6 +32,7 @@ from cni.datapath import ctpool, rcu
 from cni.datapath.maps import Datapath, TableFill
 from cni.plugin.ipam_client import KeptAllocators
 from cni.plugin.netconf import NetConf
+from cni.plugin.release import VERSION
 
 log = logging.getLogger("sluice.agent")
 
@@ -43,6 +45,16 @@ class Metrics:
         self, conf: NetConf, datapath: Datapath, allocators: KeptAllocators | None = None
     ) -> None:
         self.registry = CollectorRegistry()
+        self.build = Info(
+            "sluice_build",
+            "The agent's release and Python, and the network it serves (always 1).",
+            registry=self.registry,
+        )
+        self.build.info(
+            {"version": VERSION, "python": platform.python_version(), "network": conf.network}
+        )
+        # process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds, ...
+        self.process = ProcessCollector(registry=self.registry)
         self.cni = Histogram(
             "sluice_cni_duration_seconds",
             "CNI calls served by the agent, by verb and outcome.",
