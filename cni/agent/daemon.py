@@ -25,7 +25,7 @@ import threading
 import time
 from typing import Any
 
-from cni.agent import prefix_claims, routes
+from cni.agent import log_fields, prefix_claims, routes
 from cni.agent.enforcer import Enforcer
 from cni.agent.handlers import RequestHandlers
 from cni.agent.http_listener import Listener
@@ -57,7 +57,8 @@ log = logging.getLogger("sluice.agent")
 
 
 class JSONLines(logging.Formatter):
-    """One JSON object per line: time, level, logger, message, and the exception."""
+    """One JSON object per line: time, level, logger, message, the fields of the CNI
+    call being served (``cni.agent.log_fields``), and the exception."""
 
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, Any] = {
@@ -66,6 +67,7 @@ class JSONLines(logging.Formatter):
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),
+            **log_fields.current(),
         }
         if record.exc_info:
             line["error"] = self.formatException(record.exc_info)

@@ -17,6 +17,7 @@ import threading
 import time
 from typing import Any
 
+from cni.agent import log_fields
 from cni.agent.enforcer import Enforcer, NotReady
 from cni.agent.enforcer_views import describe_endpoints, describe_policies
 from cni.agent.local_store import LocalStore
@@ -93,9 +94,17 @@ class RequestHandlers:
     def cni_call(self, env: dict[str, str], stdin: bytes) -> tuple[int, str, str]:
         """A CNI call forwarded by the executable: (exit code, stdout, stderr)."""
         started = time.perf_counter()
-        with self.retirer.call():  # no veth of an answered DEL is deleted meanwhile
-            rc, out = execute(env, stdin, self._verb)
-        self.metrics.cni_call(env.get("CNI_COMMAND", ""), rc, time.perf_counter() - started)
+        # Every line logged meanwhile names the call; no veth of an answered DEL is
+        # deleted meanwhile.
+        verb = env.get("CNI_COMMAND", "")
+        with log_fields.for_call(env):
+            with self.retirer.call():
+                rc, out = execute(env, stdin, self._verb)
+            if rc != 0:
+                # STATUS fails every few seconds while the agent is not ready: quieter.
+                level = logging.DEBUG if verb == "STATUS" else logging.WARNING
+                log.log(level, "%s failed: %s", verb or "a call", log_fields.error_of(out))
+        self.metrics.cni_call(verb, rc, time.perf_counter() - started)
         return rc, out, ""
 
     def _verb(self, request: Request) -> dict[str, Any] | None:

@@ -88,11 +88,22 @@ def test_calls_are_served_by_the_agent(net: AgentNetwork, pods: PodNamespaces) -
     ).ok()
     net.network.run("STATUS", net.config()).ok()
     # Errors come back exactly as the plugin would print them.
-    bad = net.network.run("ADD", net.config(mtu="big"), container_id="c2", netns=netns, ifname="e1")
+    bad = net.network.run(
+        "ADD",
+        net.config(mtu="big"),
+        container_id="c2",
+        netns=netns,
+        ifname="e1",
+        cni_args=k8s_args("x", "b"),
+    )
     assert bad.error_code == 7 and '"mtu"' in bad.out["details"]
     net.delete(netns, "c1", "x", "a")
     assert net.endpoints() == []
-    assert "c1" in net.agent.log() or net.agent.log()  # the agent logged while serving
+    # The agent logs the failure, with the call's fields on the line.
+    lines = [json.loads(x) for x in net.agent.log().splitlines() if x.startswith("{")]
+    failed = [x for x in lines if x.get("container_id") == "c2"]
+    assert failed and failed[-1]["msg"].startswith("ADD failed: code 7"), failed
+    assert (failed[-1]["verb"], failed[-1]["namespace"], failed[-1]["pod"]) == ("ADD", "x", "b")
 
 
 def test_forwarding_loads_no_json(net: AgentNetwork, bin_dir: Path) -> None:
