@@ -160,6 +160,7 @@ class Agent:
         )
         # A set: len() is one atomic read (the index may be replaced by a rebuilt one).
         self.metrics.count_refused(lambda: len(self.enforcer.index.store.refused))
+        self.metrics.name_pods(self._pods_by_ifindex)
         self._finish_cut_off_pairs()
         self.enforcer.start(self._adopt_endpoints())
         self.local_store: LocalStore | None = None
@@ -200,6 +201,13 @@ class Agent:
             self.probes = metrics_http.serve_probes(self.health_address, self._readiness)
             log.info("probes on http://%s/healthz and /readyz", self.health_address)
         log.info("agent ready in %.2f s", time.monotonic() - started)
+
+    def _pods_by_ifindex(self) -> dict[int, tuple[str, str]]:
+        """{ifindex: (namespace, pod)} of the endpoints, for the metrics; a copy made
+        without the enforcer's lock (one C call under the GIL), so a scrape never
+        waits for a policy batch."""
+        records = list(self.enforcer.endpoints.values())
+        return {r.ifindex: (r.pod_namespace, r.pod_name) for r in records}
 
     def _readiness(self) -> tuple[bool, str]:
         """Ready once every watched kind has synced (then policy is computed and

@@ -69,7 +69,8 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
-        self.registry.register(_Scraped(conf, datapath, allocators or KeptAllocators()))
+        self._scraped = _Scraped(conf, datapath, allocators or KeptAllocators())
+        self.registry.register(self._scraped)
         self.refused = Gauge(
             "sluice_policies_refused",
             "NetworkPolicies the API server accepted that sluice cannot read whole: they "
@@ -89,6 +90,10 @@ class Metrics:
 
     def count_drift(self, kind: str, count: int) -> None:
         self.drift.labels(kind).inc(count)
+
+    def name_pods(self, pods: Callable[[], dict[int, tuple[str, str]]]) -> None:
+        """Where the pod of each endpoint (by ifindex) is read at each scrape."""
+        self._scraped.pods = pods
 
     def count_refused(self, count: Callable[[], int]) -> None:
         """Where the number of refused policies is read at each scrape."""
@@ -119,6 +124,8 @@ class _Scraped(Collector):
         self.conf = conf
         self.datapath = datapath
         self.allocators = allocators
+        # {ifindex: (namespace, pod)} of the node's endpoints (the enforcer's, once set)
+        self.pods: Callable[[], dict[int, tuple[str, str]]] = dict
         self._ipam_stats: dict[str, Any] | None = None  # the last numbers read
         self._tables: list[TableFill] = []
         self._tables_read = -CT_REFRESH  # monotonic time of the last count
@@ -147,11 +154,15 @@ class _Scraped(Collector):
             return  # no allocator opened yet (no CNI call since the start)
         network = self.conf.network
         for name, help_text, value in (
-            ("allocated", "Addresses allocated.", stats["allocated"]),
-            ("free", "Addresses neither allocated nor cooling.", stats["free"]),
+            ("allocated_addresses", "Addresses allocated.", stats["allocated"]),
+            ("free_addresses", "Addresses neither allocated nor cooling.", stats["free"]),
             ("free_aligned_blocks", "Free aligned blocks.", stats["freeAlignedBlocks"]),
-            ("packing", "Prefixes held / prefixes needed (prefix mode).", stats["packing"]),
-            ("prefixes_held", "Prefixes held (prefix mode).", stats["prefixesHeld"]),
+            (
+                "packing_ratio",
+                "Prefixes held / prefixes needed (prefix mode).",
+                stats["packing"],
+            ),
+            ("held_prefixes", "Prefixes held (prefix mode).", stats["prefixesHeld"]),
         ):
             if value is None:
                 continue
@@ -212,26 +223,36 @@ class _Scraped(Collector):
         for role, count in by_role.items():
             waits.add_metric([role], count)
         yield waits
+        # One series per pod of the node (bounded by the endpoints map): the tables of
+        # endpoints no pod is known for (yet) are summed under empty labels.
+        labels = ["namespace", "pod"]
         entries = GaugeMetricFamily(
             "sluice_conntrack_entries",
-            "Live entries in an endpoint's conntrack table.",
-            labels=["ifindex"],
+            "Live entries in a pod's conntrack tables.",
+            labels=labels,
         )
         capacity = GaugeMetricFamily(
-            "sluice_conntrack_capacity",
-            "Size of an endpoint's conntrack table.",
-            labels=["ifindex"],
+            "sluice_conntrack_capacity_entries",
+            "Size of a pod's conntrack tables.",
+            labels=labels,
         )
         evicted = CounterMetricFamily(
-            "sluice_conntrack_evicted",
-            "Entries an endpoint's full conntrack table evicted.",
-            labels=["ifindex"],
+            "sluice_conntrack_evicted_entries",
+            "Entries a pod's full conntrack tables evicted.",
+            labels=labels,
         )
+        pods = self.pods()
+        sums: dict[tuple[str, str], list[int]] = {}
         for table in self._table_fills():
-            ifindex = table.ifindex
-            entries.add_metric([str(ifindex)], table.entries)
-            capacity.add_metric([str(ifindex)], table.capacity)
-            evicted.add_metric([str(ifindex)], table.evicted)
+            pod = pods.get(table.ifindex, ("", ""))
+            total = sums.setdefault(pod, [0, 0, 0])
+            total[0] += table.entries
+            total[1] += table.capacity
+            total[2] += table.evicted
+        for pod, (live, size, gone) in sorted(sums.items()):
+            entries.add_metric(list(pod), live)
+            capacity.add_metric(list(pod), size)
+            evicted.add_metric(list(pod), gone)
         yield entries
         yield capacity
         yield evicted

@@ -634,13 +634,18 @@ def test_metrics(tmp_path: Path, bin_dir: Path, pods: PodNamespaces) -> None:
         for name in (
             'sluice_cni_duration_seconds_count{result="ok",verb="ADD"}',
             "sluice_policy_duration_seconds_bucket",
-            "sluice_ipam_allocated",
-            "sluice_ipam_free",
+            'sluice_ipam_allocated_addresses{network="',
+            'sluice_ipam_free_addresses{network="',
             "sluice_ipam_largest_free_block_addresses",
             'sluice_datapath_packets_total{direction="egress"',
             'sluice_datapath_map_entries{map="endpoints"}',
+            'sluice_conntrack_capacity_entries{namespace="x",pod="a"}',
+            'sluice_conntrack_entries{namespace="x",pod="a"}',
+            "sluice_build_info{",
+            "process_resident_memory_bytes",
         ):
             assert name in metrics, name
+        assert "ifindex=" not in metrics, "a series per ifindex"
         made.delete(netns, "c1", "x", "a")
     finally:
         made.cleanup()
