@@ -188,7 +188,7 @@ def test_cluster_ips_stay_in_the_datapath_until_services_have_synced(
                 cni_args=k8s_args(namespace, "early"),
             )
             assert early.error_code == 11, early.stdout
-            assert "not synced yet: services" in early.out["details"], early.stdout
+            assert "policy sources have not synced yet" in early.out["details"], early.stdout
         finally:
             apply(cluster, agent_role(services=True))
         eventually(lambda: net.ask({"op": "status"})["ready"], "the agent synced", timeout=120)
