@@ -58,8 +58,9 @@ def test_the_endpoint_is_registered_before_the_pair_is_up_and_detached_after_it_
     registry = RecordingEndpoints()
     made = podnet.create_pair(wiring.node, wiring.pod, wiring.netns_fd, wiring.plan, registry)
     podnet.register(registry, made, ADDRESSING)
-    node_link, pod_link = podnet.bring_up(wiring.node, wiring.pod, made, ADDRESSING)
-    assert node_link.up and pod_link.up
+    podnet.bring_up(wiring.node, wiring.pod, made, ADDRESSING)
+    node_link, pod_link = wiring.node_link(), link.get_link(wiring.pod, "eth0")
+    assert node_link is not None and node_link.up and pod_link is not None and pod_link.up
     # The attach runs in a thread of its own, beside the registration: both before up.
     assert sorted(registry.methods()) == ["attach", "register"]
     assert all(call.veth_existed for call in registry.calls)
