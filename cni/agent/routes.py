@@ -123,7 +123,6 @@ class RouteKeeper:
                 )
             )
         self.reconciled = threading.Event()  # set after each pass that had the full view
-        self.passes = 0
         self.kept = 0  # routes the last pass left in place
         self._lock = threading.Lock()
         self._errors: dict[str, str] = {}  # what failed last, so it is logged once
@@ -214,7 +213,6 @@ class RouteKeeper:
                 held = {dst: route.gateway for dst, route in routes.items()}
                 cluster = self.conf.cluster_cidr
                 self.pod_ranges.update(routing, held, desired.own, cluster, complete)
-        self.passes += 1
         self.kept = len(routes) - len(steps.blocked)
         if complete:
             self.reconciled.set()

@@ -57,17 +57,21 @@ def runner(
             runner.destroy()
 
 
-def test_random_sequences_match_the_specification(runner: SequenceRunner) -> None:
+def test_random_sequences_match_the_specification(
+    runner: SequenceRunner, capsys: pytest.CaptureFixture[str]
+) -> None:
     seed = int(os.environ.get("SLUICE_SEQUENCE_SEED") or random.randrange(1 << 20))
-    print(f"{runner.mode} mode: seed {seed} (SLUICE_SEQUENCE_SEED={seed} replays it)")  # type: ignore[attr-defined]
     started = time.monotonic()
     before = (runner.tally.sequences, runner.tally.steps, runner.tally.probes)
     failures = random_sequences(runner, seed, SEQUENCES, LENGTH)
     tally = runner.tally
-    print(
-        f"{tally.sequences - before[0]} sequences, {tally.steps - before[1]} steps, "
-        f"{tally.probes - before[2]} probes in {time.monotonic() - started:.0f} s"
-    )
+    with capsys.disabled():  # seed and tally in the session's output, passed or not
+        print(
+            f"\n[policy sequences] {runner.mode} mode: seed {seed} "  # type: ignore[attr-defined]
+            f"(SLUICE_SEQUENCE_SEED={seed} replays it): {tally.sequences - before[0]} "
+            f"sequences, {tally.steps - before[1]} steps, {tally.probes - before[2]} probes "
+            f"in {time.monotonic() - started:.0f} s, {len(failures)} wrong"
+        )
     assert not failures, "\n\n".join(failures)
 
 

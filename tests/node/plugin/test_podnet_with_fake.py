@@ -36,6 +36,12 @@ class Wiring:
     def node_link(self) -> link.Link | None:
         return link.get_link(self.node, self.name)
 
+    def pair(self, registry: RecordingEndpoints) -> podnet.MadePair:
+        """The pair made and its endpoint registered, as ADD does before bring_up."""
+        made = podnet.create_pair(self.node, self.pod, self.netns_fd, self.plan, registry)
+        podnet.register(registry, made, ADDRESSING)
+        return made
+
 
 @pytest.fixture
 def wiring(pods: PodNamespaces) -> Iterator[Wiring]:
@@ -56,8 +62,7 @@ def test_the_endpoint_is_registered_before_the_pair_is_up_and_detached_after_it_
     wiring: Wiring,
 ) -> None:
     registry = RecordingEndpoints()
-    made = podnet.create_pair(wiring.node, wiring.pod, wiring.netns_fd, wiring.plan, registry)
-    podnet.register(registry, made, ADDRESSING)
+    made = wiring.pair(registry)
     podnet.bring_up(wiring.node, wiring.pod, made, ADDRESSING)
     node_link, pod_link = wiring.node_link(), link.get_link(wiring.pod, "eth0")
     assert node_link is not None and node_link.up and pod_link is not None and pod_link.up
@@ -78,8 +83,7 @@ def test_a_refused_attach_fails_before_either_end_is_up_and_leaves_nothing(
 ) -> None:
     registry = RecordingEndpoints()
     registry.fail_next("attach", "the kernel refused the program")
-    made = podnet.create_pair(wiring.node, wiring.pod, wiring.netns_fd, wiring.plan, registry)
-    podnet.register(registry, made, ADDRESSING)
+    made = wiring.pair(registry)
     with pytest.raises(CNIError, match="the kernel refused the program"):
         podnet.bring_up(wiring.node, wiring.pod, made, ADDRESSING)
     node_link = wiring.node_link()
@@ -95,8 +99,7 @@ def test_a_cut_off_pair_is_forgotten_while_down_and_its_links_released_once_dele
     wiring: Wiring,
 ) -> None:
     registry = RecordingEndpoints()
-    made = podnet.create_pair(wiring.node, wiring.pod, wiring.netns_fd, wiring.plan, registry)
-    podnet.register(registry, made, ADDRESSING)
+    made = wiring.pair(registry)
     podnet.bring_up(wiring.node, wiring.pod, made, ADDRESSING)
     veth = wiring.node_link()
     assert veth is not None
